@@ -1,0 +1,16 @@
+//! qtts: a CPU-first, streaming text-to-speech engine for the Qwen3-TTS-12Hz models.
+//!
+//! Contract of this crate as it stands: it reads official Hugging Face checkpoints, converts them to
+//! llama.cpp's Qwen3-TTS GGUF layout, and validates every GGUF file in Rust before llama.cpp or ggml
+//! sees it. Nothing here spawns a thread; file reading and writing block the calling thread.
+//! See `ARCHITECTURE.md` for the whole engine and which parts exist.
+
+#![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod error;
+pub mod ffi;
+pub mod gguf;
+pub mod model;
+
+pub use error::ModelError;
