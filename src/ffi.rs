@@ -1,1 +1,759 @@
-//! ffi
+//! A thin safe layer over `llama-cpp-sys-2`, the project's only binding to llama.cpp and ggml.
+//!
+//! Contract:
+//! - Every handle here owns one C object and frees it on drop; none is `Clone`.
+//!   Handles are `Send` (each C object may move between threads) but not `Sync`: one thread at a
+//!   time uses a context, as llama.cpp and ggml require.
+//! - Model files reach llama.cpp only through [`LlamaModel::load`] and [`Mmproj::load`], which run
+//!   the Rust validator of [`crate::model::validate`] first, because llama.cpp and ggml abort the
+//!   process on some malformed files.
+//! - Nothing here allocates per call on a hot path: [`Graph::compute`] reuses its work buffer,
+//!   [`EmbdBatch`] is allocated once for its capacity.
+//! - llama.cpp's and ggml's log lines go to [`install_logging`]'s sink: dropped unless
+//!   `QTTS_LLAMA_LOG=1`, and the last error line is kept for error messages.
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::{Mutex, Once};
+
+pub use llama_cpp_sys_2 as sys;
+
+use crate::error::ModelError;
+
+/// Failures of ggml or llama.cpp at run time (not of files: those are [`ModelError`]s).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GgmlError {
+    /// ggml could not allocate a context, buffer or threadpool.
+    /// The machine is out of memory or the request was too large: free memory or lower the size.
+    #[error("{what}: allocation of {bytes} bytes failed")]
+    Alloc {
+        /// What was being allocated.
+        what: &'static str,
+        /// How much.
+        bytes: usize,
+    },
+    /// A threadpool could not be created with this thread count and core mask.
+    /// Use fewer threads or cores that exist.
+    #[error("threadpool of {n_threads} threads on cores {cores:?} could not be created")]
+    Threadpool {
+        /// Threads asked.
+        n_threads: usize,
+        /// Cores asked (empty: any).
+        cores: Vec<usize>,
+    },
+    /// A graph computation returned a non-success status (aborted or failed).
+    /// Retry; if it persists, report it.
+    #[error("graph compute failed with ggml status {status}")]
+    Compute {
+        /// ggml's status code.
+        status: i32,
+    },
+    /// `llama_decode` returned an error code.
+    /// Clear the context's memory and retry with a smaller batch.
+    #[error("llama_decode failed with code {code} on a batch of {n_tokens} rows")]
+    Decode {
+        /// llama.cpp's return code.
+        code: i32,
+        /// Rows in the batch.
+        n_tokens: usize,
+    },
+    /// An argument does not fit the object it is given to.
+    /// Fix the caller.
+    #[error("{what}: expected {expected}, found {found}")]
+    Shape {
+        /// The argument.
+        what: &'static str,
+        /// What fits.
+        expected: String,
+        /// What was given.
+        found: String,
+    },
+}
+
+static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
+static INIT: Once = Once::new();
+
+unsafe extern "C" fn log_sink(level: sys::ggml_log_level, text: *const c_char, _user: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: ggml passes a NUL-terminated string that lives for the duration of the call.
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    if level == sys::GGML_LOG_LEVEL_ERROR {
+        if let Ok(mut last) = LAST_ERROR.lock() {
+            last.clear();
+            last.push_str(text.trim_end());
+        }
+    }
+    if std::env::var_os("QTTS_LLAMA_LOG").is_some_and(|v| v == "1") {
+        eprint!("{text}");
+    }
+}
+
+/// Initialises llama.cpp's backends once and routes its logs to this module's sink.
+pub fn install_logging() {
+    INIT.call_once(|| {
+        // SAFETY: plain initialisation calls with a static callback that never unwinds
+        // (it only formats into a Mutex-guarded String and stderr).
+        unsafe {
+            sys::llama_log_set(Some(log_sink), std::ptr::null_mut());
+            sys::ggml_log_set(Some(log_sink), std::ptr::null_mut());
+            sys::llama_backend_init();
+        }
+    });
+}
+
+/// The last error line llama.cpp or ggml logged, if any.
+pub fn last_error() -> String {
+    LAST_ERROR.lock().map(|s| s.clone()).unwrap_or_default()
+}
+
+fn c_path(path: &Path) -> Result<CString, ModelError> {
+    CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| ModelError::Unsupported {
+        what: format!("path {}", path.display()),
+        expected: "a path without NUL bytes".into(),
+        found: "a NUL byte".into(),
+    })
+}
+
+/// A llama.cpp model (the talker), loaded after validation.
+#[derive(Debug)]
+pub struct LlamaModel {
+    ptr: NonNull<sys::llama_model>,
+}
+
+// SAFETY: a llama_model is immutable after loading and llama.cpp allows using it from any thread.
+unsafe impl Send for LlamaModel {}
+// SAFETY: as above; contexts created from it only read it.
+unsafe impl Sync for LlamaModel {}
+
+impl LlamaModel {
+    /// Validates `path` as a Qwen3-TTS talker GGUF, then loads it on the CPU with mmap.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
+        let path = path.as_ref();
+        crate::model::validate::talker_file(path)?;
+        Self::load_unvalidated(path)
+    }
+
+    /// Loads `path` with llama.cpp without this crate's validation.
+    ///
+    /// Only for files that [`crate::model::validate`] already accepted (and for tests that compare
+    /// the two gates).
+    pub fn load_unvalidated(path: &Path) -> Result<Self, ModelError> {
+        install_logging();
+        let cpath = c_path(path)?;
+        // SAFETY: default params are a plain struct; n_gpu_layers 0 keeps everything on the CPU.
+        let ptr = unsafe {
+            let mut params = sys::llama_model_default_params();
+            params.n_gpu_layers = 0;
+            sys::llama_model_load_from_file(cpath.as_ptr(), params)
+        };
+        NonNull::new(ptr)
+            .map(|ptr| LlamaModel { ptr })
+            .ok_or_else(|| ModelError::LoaderRefused {
+                path: path.into(),
+                loader: "llama_model_load_from_file",
+            })
+    }
+
+    /// Width of the model's embeddings.
+    pub fn n_embd(&self) -> usize {
+        // SAFETY: the pointer is a live model.
+        unsafe { sys::llama_model_n_embd(self.ptr.as_ptr()) as usize }
+    }
+
+    /// Number of layers.
+    pub fn n_layer(&self) -> usize {
+        // SAFETY: the pointer is a live model.
+        unsafe { sys::llama_model_n_layer(self.ptr.as_ptr()) as usize }
+    }
+
+    /// Number of tokens in the model's vocabulary.
+    pub fn n_vocab(&self) -> usize {
+        // SAFETY: the pointer is a live model; its vocab lives as long as it.
+        unsafe { sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(self.ptr.as_ptr())) as usize }
+    }
+
+    /// The raw pointer, for calls this module does not wrap.
+    pub fn as_ptr(&self) -> *mut sys::llama_model {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for LlamaModel {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from llama_model_load_from_file and is freed once.
+        unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// llama.cpp's own multimodal context over a Qwen3-TTS `mmproj` file (code predictor and decoder).
+///
+/// The engine runs its own stages; this handle exists so that tests can check that the files this
+/// crate writes load in llama.cpp's loader, and compare against llama.cpp's implementation.
+#[derive(Debug)]
+pub struct Mmproj {
+    ptr: NonNull<sys::mtmd_context>,
+}
+
+// SAFETY: an mtmd context is used by one thread at a time (the handle is not Sync).
+unsafe impl Send for Mmproj {}
+
+impl Mmproj {
+    /// Validates `path` as a Qwen3-TTS mmproj GGUF, then loads it with `mtmd_init_from_file`.
+    pub fn load(path: impl AsRef<Path>, text_model: &LlamaModel, n_threads: usize) -> Result<Self, ModelError> {
+        let path = path.as_ref();
+        crate::model::validate::mmproj_file(path)?;
+        install_logging();
+        let cpath = c_path(path)?;
+        // SAFETY: default params are a plain struct; the model outlives this call (mtmd keeps a
+        // pointer to it, and the caller keeps `text_model` alive by holding it next to this handle).
+        let ptr = unsafe {
+            let mut params = sys::mtmd_context_params_default();
+            params.use_gpu = false;
+            params.print_timings = false;
+            params.warmup = false;
+            params.n_threads = n_threads.max(1) as i32;
+            sys::mtmd_init_from_file(cpath.as_ptr(), text_model.as_ptr(), params)
+        };
+        NonNull::new(ptr)
+            .map(|ptr| Mmproj { ptr })
+            .ok_or_else(|| ModelError::LoaderRefused {
+                path: path.into(),
+                loader: "mtmd_init_from_file",
+            })
+    }
+
+    /// The raw pointer, for calls this module does not wrap.
+    pub fn as_ptr(&self) -> *mut sys::mtmd_context {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Mmproj {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from mtmd_init_from_file and is freed once.
+        unsafe { sys::mtmd_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// A persistent ggml worker pool, optionally pinned to a set of cores.
+///
+/// Create one per stage at engine start; creating a pool per call would spawn threads per call.
+#[derive(Debug)]
+pub struct Threadpool {
+    ptr: NonNull<sys::ggml_threadpool>,
+    n_threads: usize,
+}
+
+// SAFETY: the pool is driven by whichever single thread computes a graph with it.
+unsafe impl Send for Threadpool {}
+
+impl Threadpool {
+    /// A pool of `n_threads` workers (the calling thread counts as one), pinned to `cores` when
+    /// that is not empty.
+    pub fn new(n_threads: usize, cores: &[usize]) -> Result<Self, GgmlError> {
+        let err = || GgmlError::Threadpool {
+            n_threads,
+            cores: cores.to_vec(),
+        };
+        if n_threads == 0 || n_threads > 512 || cores.iter().any(|&c| c >= 512) {
+            return Err(err());
+        }
+        // SAFETY: params is a plain struct initialised by ggml; the mask has 512 entries and every
+        // index was checked above.
+        let ptr = unsafe {
+            let mut params = sys::ggml_threadpool_params_default(n_threads as i32);
+            if !cores.is_empty() {
+                params.cpumask = [false; 512];
+                for &c in cores {
+                    params.cpumask[c] = true;
+                }
+                params.strict_cpu = true;
+            }
+            sys::ggml_threadpool_new(&mut params)
+        };
+        NonNull::new(ptr)
+            .map(|ptr| Threadpool { ptr, n_threads })
+            .ok_or_else(err)
+    }
+
+    /// Worker count.
+    pub fn n_threads(&self) -> usize {
+        self.n_threads
+    }
+
+    /// The raw pointer, for llama.cpp's `llama_attach_threadpool`.
+    pub fn as_ptr(&self) -> *mut sys::ggml_threadpool {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Threadpool {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from ggml_threadpool_new and is freed once.
+        unsafe { sys::ggml_threadpool_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// A ggml context that owns the memory of its tensors (weights, inputs and activations).
+#[derive(Debug)]
+pub struct Context {
+    ptr: NonNull<sys::ggml_context>,
+}
+
+// SAFETY: the context is used by one thread at a time (not Sync).
+unsafe impl Send for Context {}
+
+/// A tensor of a [`Context`]; valid while the context lives.
+#[derive(Debug, Clone, Copy)]
+pub struct Tensor<'ctx> {
+    ptr: NonNull<sys::ggml_tensor>,
+    _ctx: std::marker::PhantomData<&'ctx Context>,
+}
+
+impl Context {
+    /// A context with `mem_bytes` of tensor and graph memory.
+    pub fn new(mem_bytes: usize) -> Result<Self, GgmlError> {
+        install_logging();
+        let params = sys::ggml_init_params {
+            mem_size: mem_bytes,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: false,
+        };
+        // SAFETY: ggml_init allocates its own buffer of mem_size bytes (or returns null).
+        let ptr = unsafe { sys::ggml_init(params) };
+        NonNull::new(ptr)
+            .map(|ptr| Context { ptr })
+            .ok_or(GgmlError::Alloc {
+                what: "ggml context",
+                bytes: mem_bytes,
+            })
+    }
+
+    fn wrap(&self, p: *mut sys::ggml_tensor, bytes: usize) -> Result<Tensor<'_>, GgmlError> {
+        NonNull::new(p)
+            .map(|ptr| Tensor {
+                ptr,
+                _ctx: std::marker::PhantomData,
+            })
+            .ok_or(GgmlError::Alloc {
+                what: "ggml tensor",
+                bytes,
+            })
+    }
+
+    fn room(&self, bytes: usize) -> Result<(), GgmlError> {
+        // SAFETY: the context is live.
+        let free = unsafe {
+            sys::ggml_get_mem_size(self.ptr.as_ptr()) - sys::ggml_used_mem(self.ptr.as_ptr())
+        };
+        // ggml aborts when a context runs out of memory; refuse before that.
+        // SAFETY: pure function.
+        let need = bytes + unsafe { sys::ggml_tensor_overhead() } + 64;
+        if need > free {
+            return Err(GgmlError::Alloc {
+                what: "ggml tensor (context full)",
+                bytes: need,
+            });
+        }
+        Ok(())
+    }
+
+    /// A new f32 tensor of shape `ne` (ggml order, 1 to 4 dimensions), zeroed.
+    pub fn new_f32(&self, ne: &[usize]) -> Result<Tensor<'_>, GgmlError> {
+        if ne.is_empty() || ne.len() > 4 || ne.contains(&0) {
+            return Err(GgmlError::Shape {
+                what: "tensor shape",
+                expected: "1 to 4 non-zero dimensions".into(),
+                found: format!("{ne:?}"),
+            });
+        }
+        let bytes = ne.iter().product::<usize>() * 4;
+        self.room(bytes)?;
+        let ne64: Vec<i64> = ne.iter().map(|&x| x as i64).collect();
+        // SAFETY: the context has room (checked above) and ne64 holds ne.len() dimensions.
+        let p = unsafe {
+            sys::ggml_new_tensor(
+                self.ptr.as_ptr(),
+                sys::GGML_TYPE_F32,
+                ne64.len() as i32,
+                ne64.as_ptr(),
+            )
+        };
+        let t = self.wrap(p, bytes)?;
+        t.as_f32_mut().fill(0.0);
+        Ok(t)
+    }
+
+    /// `a · b` in ggml's convention: `a` is `[k, m]`, `b` is `[k, n]`, the result `[m, n]`.
+    pub fn mul_mat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        if a.ne()[0] != b.ne()[0] {
+            return Err(GgmlError::Shape {
+                what: "mul_mat",
+                expected: format!("inner dimensions equal ({})", a.ne()[0]),
+                found: format!("{}", b.ne()[0]),
+            });
+        }
+        let bytes = a.ne()[1] * b.ne()[1] * 4;
+        self.room(bytes)?;
+        // SAFETY: both tensors belong to this live context and their shapes agree.
+        let p = unsafe { sys::ggml_mul_mat(self.ptr.as_ptr(), a.ptr.as_ptr(), b.ptr.as_ptr()) };
+        self.wrap(p, bytes)
+    }
+
+    /// `a + b`, with `b` broadcast over `a` (a bias vector over rows).
+    pub fn add<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        let (na, nb) = (a.ne(), b.ne());
+        if (0..4).any(|i| na[i] % nb[i] != 0) {
+            return Err(GgmlError::Shape {
+                what: "add",
+                expected: format!("a shape that repeats into {na:?}"),
+                found: format!("{nb:?}"),
+            });
+        }
+        let bytes = na.iter().product::<usize>() * 4;
+        self.room(bytes)?;
+        // SAFETY: both tensors are live and b repeats into a (checked above).
+        let p = unsafe { sys::ggml_add(self.ptr.as_ptr(), a.ptr.as_ptr(), b.ptr.as_ptr()) };
+        self.wrap(p, bytes)
+    }
+
+    /// `x · sigmoid(x)`, elementwise.
+    pub fn silu<'a>(&'a self, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        let bytes = x.ne().iter().product::<usize>() * 4;
+        self.room(bytes)?;
+        // SAFETY: the tensor is live.
+        let p = unsafe { sys::ggml_silu(self.ptr.as_ptr(), x.ptr.as_ptr()) };
+        self.wrap(p, bytes)
+    }
+
+    /// Frees every tensor and graph of the context at once (their handles must be gone: `&mut`).
+    pub fn reset(&mut self) {
+        // SAFETY: the context is live and no tensor borrows it (exclusive borrow).
+        unsafe { sys::ggml_reset(self.ptr.as_ptr()) }
+    }
+
+    /// A graph whose output is `out`, with a reusable work buffer.
+    pub fn graph<'a>(&'a self, out: Tensor<'a>) -> Result<Graph<'a>, GgmlError> {
+        // SAFETY: the context is live; the graph is allocated in it (room checked by ggml's
+        // overhead function first).
+        let size = unsafe { sys::ggml_graph_overhead_custom(2048, false) };
+        self.room(size)?;
+        // SAFETY: as above; `out` belongs to this context.
+        let g = unsafe {
+            let g = sys::ggml_new_graph_custom(self.ptr.as_ptr(), 2048, false);
+            if !g.is_null() {
+                sys::ggml_build_forward_expand(g, out.ptr.as_ptr());
+            }
+            g
+        };
+        let ptr = NonNull::new(g).ok_or(GgmlError::Alloc {
+            what: "ggml graph",
+            bytes: size,
+        })?;
+        Ok(Graph {
+            ptr,
+            work: Vec::new(),
+            _ctx: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from ggml_init and is freed once; tensors borrow the context.
+        unsafe { sys::ggml_free(self.ptr.as_ptr()) }
+    }
+}
+
+impl<'ctx> Tensor<'ctx> {
+    /// The shape (ggml order, trailing ones included).
+    pub fn ne(&self) -> [usize; 4] {
+        // SAFETY: the tensor is live while its context is.
+        let ne = unsafe { (*self.ptr.as_ptr()).ne };
+        ne.map(|x| x as usize)
+    }
+
+    /// The data of an f32 tensor.
+    pub fn as_f32(&self) -> &[f32] {
+        let n: usize = self.ne().iter().product();
+        // SAFETY: tensors of this module are allocated in their context with data (no_alloc false)
+        // and f32 type, contiguous, with n elements.
+        unsafe { std::slice::from_raw_parts(sys::ggml_get_data_f32(self.ptr.as_ptr()), n) }
+    }
+
+    /// The data of an f32 tensor, writable.
+    #[allow(clippy::mut_from_ref)]
+    pub fn as_f32_mut(&self) -> &mut [f32] {
+        let n: usize = self.ne().iter().product();
+        // SAFETY: as in as_f32; the context is used by one thread and callers do not hold two
+        // views of one tensor across a write (a graph computes only inside Graph::compute, which
+        // borrows nothing from the caller).
+        unsafe { std::slice::from_raw_parts_mut(sys::ggml_get_data_f32(self.ptr.as_ptr()), n) }
+    }
+}
+
+/// A computation graph of a [`Context`].
+#[derive(Debug)]
+pub struct Graph<'ctx> {
+    ptr: NonNull<sys::ggml_cgraph>,
+    work: Vec<u8>,
+    _ctx: std::marker::PhantomData<&'ctx Context>,
+}
+
+impl Graph<'_> {
+    /// Computes the graph on `pool`; the work buffer grows once and is reused.
+    pub fn compute(&mut self, pool: &Threadpool) -> Result<(), GgmlError> {
+        // SAFETY: the graph and pool are live; the plan's work buffer points into self.work, which
+        // is at least work_size bytes and outlives the compute call.
+        let status = unsafe {
+            let mut plan = sys::ggml_graph_plan(self.ptr.as_ptr(), pool.n_threads() as i32, pool.as_ptr());
+            if self.work.len() < plan.work_size {
+                self.work.resize(plan.work_size, 0);
+            }
+            plan.work_data = self.work.as_mut_ptr();
+            sys::ggml_graph_compute(self.ptr.as_ptr(), &mut plan)
+        };
+        if status != sys::GGML_STATUS_SUCCESS {
+            return Err(GgmlError::Compute { status });
+        }
+        Ok(())
+    }
+}
+
+/// Quantizes `rows` rows of `n_per_row` f32 values to ggml type `ty` with ggml's own quantizer.
+///
+/// Returns the quantized bytes; `src.len()` must be `rows · n_per_row` and `n_per_row` a multiple of
+/// the type's block size.
+pub fn quantize(ty: crate::gguf::GgmlType, src: &[f32], n_per_row: usize) -> Result<Vec<u8>, GgmlError> {
+    let bad = |found: String| GgmlError::Shape {
+        what: "quantize",
+        expected: format!("rows of a multiple of {} values", ty.block_size()),
+        found,
+    };
+    if n_per_row == 0 || src.len() % n_per_row != 0 || n_per_row as u64 % ty.block_size() != 0 {
+        return Err(bad(format!("{} values in rows of {n_per_row}", src.len())));
+    }
+    // SAFETY: pure query on a valid type id.
+    if unsafe { sys::ggml_quantize_requires_imatrix(ty as u32 as sys::ggml_type) } {
+        return Err(bad(format!("{ty}, which needs an importance matrix")));
+    }
+    let rows = src.len() / n_per_row;
+    let nbytes = ty.nbytes(&[n_per_row as u64, rows as u64]).ok_or_else(|| bad("overflow".into()))? as usize;
+    let mut dst = vec![0u8; nbytes];
+    // SAFETY: src holds rows·n_per_row floats, dst holds exactly the bytes ggml writes for them
+    // (ty.nbytes agrees with ggml_row_size, checked by this crate's tests); no importance matrix is
+    // passed, so only types that do not require one may be used (the caller's types: q8_0, q4_K...).
+    let written = unsafe {
+        sys::ggml_quantize_chunk(
+            ty as u32 as sys::ggml_type,
+            src.as_ptr(),
+            dst.as_mut_ptr().cast(),
+            0,
+            rows as i64,
+            n_per_row as i64,
+            std::ptr::null(),
+        )
+    };
+    if written != nbytes {
+        return Err(bad(format!("ggml wrote {written} bytes, expected {nbytes}")));
+    }
+    Ok(dst)
+}
+
+/// ggml's own block size and bytes per block for type id `id`, to check this crate's table.
+pub fn ggml_type_layout(id: u32) -> (i64, usize) {
+    // SAFETY: callers pass ids below GGML_TYPE_COUNT (checked here); ggml's trait table has an
+    // entry for each.
+    unsafe {
+        if id >= sys::GGML_TYPE_COUNT {
+            return (0, 0);
+        }
+        (sys::ggml_blck_size(id as sys::ggml_type), sys::ggml_type_size(id as sys::ggml_type))
+    }
+}
+
+/// A batch of input-embedding rows for [`LlamaContext::decode`], allocated once for its capacity.
+///
+/// `llama_batch_init` allocates one position per row, but the `qwen3tts` architecture uses IMROPE
+/// and reads four positions per row, section-major (`pos[j * n_tokens + i]`); this batch owns
+/// buffers sized for that and fills all four sections with the row's 1-D position, as llama.cpp's
+/// own helper does for text and codec streams (`set_position_mrope_1d`).
+#[derive(Debug)]
+pub struct EmbdBatch {
+    n_embd: usize,
+    capacity: usize,
+    len: usize,
+    embd: Vec<f32>,
+    pos: Vec<i32>,
+    n_seq_id: Vec<i32>,
+    seq_id_storage: Vec<i32>,
+    seq_id: Vec<*mut i32>,
+    logits: Vec<i8>,
+}
+
+// SAFETY: the raw pointers in seq_id point into seq_id_storage, owned by the same struct.
+unsafe impl Send for EmbdBatch {}
+
+impl EmbdBatch {
+    /// A batch of up to `capacity` rows of width `n_embd`.
+    pub fn new(capacity: usize, n_embd: usize) -> Self {
+        let mut b = EmbdBatch {
+            n_embd,
+            capacity,
+            len: 0,
+            embd: vec![0.0; capacity * n_embd],
+            pos: vec![0; capacity * 4],
+            n_seq_id: vec![1; capacity],
+            seq_id_storage: vec![0; capacity],
+            seq_id: Vec::with_capacity(capacity),
+            logits: vec![0; capacity],
+        };
+        let base = b.seq_id_storage.as_mut_ptr();
+        // SAFETY: i < capacity = seq_id_storage.len(); the storage is never reallocated.
+        b.seq_id.extend((0..capacity).map(|i| unsafe { base.add(i) }));
+        b
+    }
+
+    /// Empties the batch.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Rows in the batch.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the batch has no row.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends a row at 1-D position `pos`; `output` asks llama.cpp to keep its output.
+    pub fn push(&mut self, row: &[f32], pos: i32, output: bool) -> Result<(), GgmlError> {
+        if self.len == self.capacity || row.len() != self.n_embd {
+            return Err(GgmlError::Shape {
+                what: "embedding batch row",
+                expected: format!("a row of {} with room (capacity {})", self.n_embd, self.capacity),
+                found: format!("a row of {} at {} rows", row.len(), self.len),
+            });
+        }
+        let i = self.len;
+        self.embd[i * self.n_embd..(i + 1) * self.n_embd].copy_from_slice(row);
+        self.pos[i] = pos;
+        self.logits[i] = output as i8;
+        self.len += 1;
+        Ok(())
+    }
+
+    fn raw(&mut self) -> sys::llama_batch {
+        // Section-major positions: all four sections of row i hold the row's position.
+        let n = self.len;
+        for j in 1..4 {
+            for i in 0..n {
+                self.pos[j * n + i] = self.pos[i];
+            }
+        }
+        sys::llama_batch {
+            n_tokens: n as i32,
+            token: std::ptr::null_mut(),
+            embd: self.embd.as_mut_ptr(),
+            pos: self.pos.as_mut_ptr(),
+            n_seq_id: self.n_seq_id.as_mut_ptr(),
+            seq_id: self.seq_id.as_mut_ptr(),
+            logits: self.logits.as_mut_ptr(),
+        }
+    }
+}
+
+/// A llama.cpp context over a [`LlamaModel`], returning embeddings (no pooling).
+#[derive(Debug)]
+pub struct LlamaContext<'m> {
+    ptr: NonNull<sys::llama_context>,
+    n_embd: usize,
+    _model: std::marker::PhantomData<&'m LlamaModel>,
+}
+
+// SAFETY: a context is used by one thread at a time (not Sync).
+unsafe impl Send for LlamaContext<'_> {}
+
+impl<'m> LlamaContext<'m> {
+    /// A context of `n_ctx` positions with `n_threads` threads, keeping embeddings of output rows.
+    pub fn new(model: &'m LlamaModel, n_ctx: u32, n_threads: usize) -> Result<Self, GgmlError> {
+        // SAFETY: default params are a plain struct; the model outlives the context (lifetime 'm).
+        let ptr = unsafe {
+            let mut p = sys::llama_context_default_params();
+            p.n_ctx = n_ctx;
+            p.n_batch = n_ctx;
+            p.n_ubatch = n_ctx;
+            p.n_seq_max = 1;
+            p.n_threads = n_threads as i32;
+            p.n_threads_batch = n_threads as i32;
+            p.embeddings = true;
+            p.pooling_type = sys::LLAMA_POOLING_TYPE_NONE;
+            p.no_perf = true;
+            sys::llama_init_from_model(model.as_ptr(), p)
+        };
+        NonNull::new(ptr)
+            .map(|ptr| LlamaContext {
+                ptr,
+                n_embd: model.n_embd(),
+                _model: std::marker::PhantomData,
+            })
+            .ok_or(GgmlError::Alloc {
+                what: "llama context",
+                bytes: 0,
+            })
+    }
+
+    /// Runs llama.cpp's graph on `pool` from now on (`pool` must outlive the context's use).
+    pub fn attach_threadpool(&mut self, pool: &'m Threadpool) {
+        // SAFETY: both pointers are live; the lifetime ties the pool to the model's borrow.
+        unsafe { sys::llama_attach_threadpool(self.ptr.as_ptr(), pool.as_ptr(), pool.as_ptr()) }
+    }
+
+    /// Decodes a batch of embedding rows.
+    pub fn decode(&mut self, batch: &mut EmbdBatch) -> Result<(), GgmlError> {
+        if batch.n_embd != self.n_embd {
+            return Err(GgmlError::Shape {
+                what: "batch width",
+                expected: self.n_embd.to_string(),
+                found: batch.n_embd.to_string(),
+            });
+        }
+        let n = batch.len();
+        // SAFETY: the batch's buffers hold n rows, 4n positions and n seq ids, all live for the call.
+        let code = unsafe { sys::llama_decode(self.ptr.as_ptr(), batch.raw()) };
+        if code != 0 {
+            return Err(GgmlError::Decode { code, n_tokens: n });
+        }
+        Ok(())
+    }
+
+    /// The output embedding of batch row `i` (negative counts from the end), if it was kept.
+    pub fn embeddings(&self, i: i32) -> Option<&[f32]> {
+        // SAFETY: llama.cpp returns null for rows without output, else n_embd floats that live
+        // until the next decode, which needs &mut self.
+        unsafe {
+            let p = sys::llama_get_embeddings_ith(self.ptr.as_ptr(), i);
+            (!p.is_null()).then(|| std::slice::from_raw_parts(p, self.n_embd))
+        }
+    }
+
+    /// Clears the KV cache (a new utterance).
+    pub fn clear(&mut self) {
+        // SAFETY: the context is live; its memory handle lives as long as it.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) }
+    }
+}
+
+impl Drop for LlamaContext<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from llama_init_from_model and is freed once.
+        unsafe { sys::llama_free(self.ptr.as_ptr()) }
+    }
+}

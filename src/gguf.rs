@@ -822,6 +822,7 @@ pub struct Writer {
     out: Option<BufWriter<File>>,
     tensors: Vec<TensorInfo>,
     next: usize,
+    open: Option<u64>,
     written: u64,
 }
 
@@ -960,6 +961,7 @@ impl Writer {
             out: Some(out),
             tensors,
             next: 0,
+            open: None,
             written: header.len() as u64,
         })
     }
@@ -971,27 +973,73 @@ impl Writer {
 
     /// Writes the data of the next declared tensor, which must be `name` with exactly its size.
     pub fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<(), ModelError> {
-        let Some(t) = self.tensors.get(self.next) else {
-            return Err(ModelError::Unsupported {
+        self.begin_tensor(name)?;
+        self.write_bytes(data)?;
+        self.end_tensor()
+    }
+
+    /// Starts the data of the next declared tensor, which must be `name`; its bytes then come in
+    /// any number of [`Writer::write_bytes`] calls, closed by [`Writer::end_tensor`].
+    pub fn begin_tensor(&mut self, name: &str) -> Result<(), ModelError> {
+        match self.tensors.get(self.next) {
+            Some(t) if t.name == name && self.open.is_none() => {
+                self.open = Some(0);
+                Ok(())
+            }
+            t => Err(ModelError::Unsupported {
                 what: format!("writing tensor '{name}' to {}", self.path.display()),
-                expected: "a declared tensor".into(),
-                found: "all tensors already written".into(),
+                expected: t.map_or("no more tensors".into(), |t| format!("tensor '{}' next", t.name)),
+                found: format!("'{name}'"),
+            }),
+        }
+    }
+
+    /// Appends bytes to the tensor begun by [`Writer::begin_tensor`].
+    pub fn write_bytes(&mut self, data: &[u8]) -> Result<(), ModelError> {
+        let (Some(done), Some(t)) = (self.open, self.tensors.get(self.next)) else {
+            return Err(ModelError::Unsupported {
+                what: format!("writing bytes to {}", self.path.display()),
+                expected: "a begun tensor".into(),
+                found: "none".into(),
             });
         };
-        if t.name != name || t.nbytes != data.len() as u64 {
+        if done + data.len() as u64 > t.nbytes {
             return Err(ModelError::Unsupported {
-                what: format!("writing tensor '{name}' to {}", self.path.display()),
-                expected: format!("'{}' of {} bytes", t.name, t.nbytes),
-                found: format!("'{name}' of {} bytes", data.len()),
+                what: format!("writing tensor '{}' to {}", t.name, self.path.display()),
+                expected: format!("{} bytes", t.nbytes),
+                found: format!("{} bytes", done + data.len() as u64),
+            });
+        }
+        let out = self.out.as_mut().expect("writer is open until finish");
+        out.write_all(data)
+            .map_err(|e| ModelError::io(&self.tmp, "write", e))?;
+        self.open = Some(done + data.len() as u64);
+        Ok(())
+    }
+
+    /// Closes the tensor begun by [`Writer::begin_tensor`], checking its size, and pads it.
+    pub fn end_tensor(&mut self) -> Result<(), ModelError> {
+        let Some(t) = self.tensors.get(self.next) else {
+            return Err(ModelError::Unsupported {
+                what: format!("closing a tensor of {}", self.path.display()),
+                expected: "a begun tensor".into(),
+                found: "none".into(),
+            });
+        };
+        if self.open != Some(t.nbytes) {
+            return Err(ModelError::Unsupported {
+                what: format!("writing tensor '{}' to {}", t.name, self.path.display()),
+                expected: format!("{} bytes", t.nbytes),
+                found: format!("{:?} bytes", self.open),
             });
         }
         let pad = align(t.nbytes, DEFAULT_ALIGNMENT) - t.nbytes;
         let out = self.out.as_mut().expect("writer is open until finish");
-        out.write_all(data)
-            .and_then(|_| out.write_all(&[0u8; DEFAULT_ALIGNMENT as usize][..pad as usize]))
+        out.write_all(&[0u8; DEFAULT_ALIGNMENT as usize][..pad as usize])
             .map_err(|e| ModelError::io(&self.tmp, "write", e))?;
         self.written += t.nbytes + pad;
         self.next += 1;
+        self.open = None;
         Ok(())
     }
 

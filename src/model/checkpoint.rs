@@ -7,8 +7,8 @@
 //!
 //! [`expected_tensors`] is derived from the configs alone, so a checkpoint whose files disagree with
 //! its `config.json` is refused by [`Checkpoint::open`] before anything is converted.
-//! The speech tokenizer's encoder (`encoder.*`, Mimi) and the Base models' `speaker_encoder.*` are
-//! not listed: the engine does not use them (voice cloning from audio is a later stage).
+//! The speech tokenizer's encoder (`encoder.*`, Mimi) is not listed: the engine does not use it
+//! (voice cloning with reference codes is a later stage).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -238,7 +238,34 @@ pub fn expected_tensors(cfg: &CheckpointConfig) -> Vec<Spec> {
     s.snake(&format!("decoder.decoder.{n}"), c_in);
     s.conv(&format!("decoder.decoder.{}.conv", n + 1), 1, c_in, 7);
     out.extend(s.0);
+    if let Some(e) = cfg.tts.speaker_encoder_config.enc_dim {
+        out.extend(speaker_encoder_tensors(e as u64));
+    }
     out
+}
+
+/// The x-vector speaker encoder of Base models (ECAPA-TDNN, MODEL-NOTES.md §6.1), with the default
+/// widths of `Qwen3TTSSpeakerEncoderConfig` (channels 512/1536, 128 mels, attention 128, SE 128,
+/// Res2Net scale 8) and kernel shapes as llama.cpp's loader reads them (`tools/mtmd/clip.cpp`).
+fn speaker_encoder_tensors(enc_dim: u64) -> Vec<Spec> {
+    let mut s = Specs(Vec::new(), CheckpointFile::Talker);
+    let (c, mel, att, se, scale) = (512u64, 128u64, 128u64, 128u64, 8u64);
+    let p = "speaker_encoder";
+    s.conv(&format!("{p}.blocks.0.conv"), c, mel, 5);
+    for b in 1..4 {
+        s.conv(&format!("{p}.blocks.{b}.tdnn1.conv"), c, c, 1);
+        for x in 0..scale - 1 {
+            s.conv(&format!("{p}.blocks.{b}.res2net_block.blocks.{x}.conv"), c / scale, c / scale, 3);
+        }
+        s.conv(&format!("{p}.blocks.{b}.tdnn2.conv"), c, c, 1);
+        s.conv(&format!("{p}.blocks.{b}.se_block.conv1"), se, c, 1);
+        s.conv(&format!("{p}.blocks.{b}.se_block.conv2"), c, se, 1);
+    }
+    s.conv(&format!("{p}.mfa.conv"), 3 * c, 3 * c, 1);
+    s.conv(&format!("{p}.asp.tdnn.conv"), att, 9 * c, 1);
+    s.conv(&format!("{p}.asp.conv"), 3 * c, att, 1);
+    s.conv(&format!("{p}.fc"), enc_dim, 6 * c, 1);
+    s.0
 }
 
 /// A checkpoint directory with its configs checked and its weight files mapped.

@@ -3,3 +3,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod convert;
+pub mod layout;
+pub mod random;
+pub mod validate;

@@ -1,0 +1,311 @@
+//! llama.cpp's Qwen3-TTS GGUF layout: which GGUF tensor comes from which checkpoint tensor.
+//!
+//! The layout is the one of the llama.cpp vendored by `llama-cpp-sys-2` 0.1.161 (upstream PR 26254):
+//! a talker file of architecture `qwen3tts` (`src/models/qwen3vl.cpp`, `src/llama-arch.cpp`) and an
+//! `mmproj` file holding the code predictor (`a.gen.code.*`), the decoder (`a.gen.wav.*`) and, for
+//! Base models, the speaker encoder (`a.*`, `mm.a.fc.*`) (`tools/mtmd/clip.cpp`, `clip-impl.h`,
+//! `models/qwen3tts-gen.cpp`).
+//!
+//! Shapes are ggml order: a PyTorch `[a, b, c]` tensor is ggml `[c, b, a]` with the same bytes, so
+//! every copy is a byte copy; stacks concatenate along the slowest axis. Three transforms happen at
+//! conversion, as llama.cpp's own converter does them: the text rows of `token_embd` are the text
+//! embedding already passed through `text_projection`; codebooks are `embedding_sum / clamp(usage,
+//! 1e-5)`; SnakeBeta parameters are stored as `exp(alpha)` and `1 / (exp(beta) + 1e-9)`.
+
+use super::checkpoint::Spec;
+use super::config::{CheckpointConfig, ModelType};
+use crate::gguf::GgmlType;
+
+/// How a GGUF tensor's values are computed from the checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// The checkpoint tensor's values, unchanged.
+    Copy(String),
+    /// Several equal-shape checkpoint tensors, concatenated (PyTorch `torch.stack`).
+    Stack(Vec<String>),
+    /// Codebooks: `<prefix>.embedding_sum / clamp(<prefix>.cluster_usage, 1e-5)`, stacked.
+    Codebooks(Vec<String>),
+    /// SnakeBeta `alpha`, stored as `exp(alpha)`.
+    SnakeAlpha(String),
+    /// SnakeBeta `beta`, stored as `1 / (exp(beta) + 1e-9)`.
+    SnakeBeta(String),
+    /// `text_projection(text_embedding)` rows followed by the codec embedding rows.
+    TokenEmbd,
+}
+
+/// What a tensor is, which decides its storage type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A matrix multiplied or gathered from: stored in the requested type.
+    Matrix,
+    /// A norm weight, bias, scale or other 1-D tensor: always f32.
+    Vector,
+    /// Codebooks and the small speaker encoder: always f32.
+    Small,
+    /// A stride-1 decoder convolution: f16, or f32 when f32 is requested (ggml's im2col takes
+    /// only these kernel types).
+    Conv,
+    /// A transposed decoder convolution: always f32 (llama.cpp transposes it at run time).
+    ConvTranspose,
+}
+
+/// One tensor of an output GGUF file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutTensor {
+    /// GGUF name.
+    pub name: String,
+    /// ggml shape.
+    pub ne: Vec<u64>,
+    /// Where its values come from.
+    pub source: Source,
+    /// What it is.
+    pub role: Role,
+}
+
+impl OutTensor {
+    /// The storage type of this tensor when `requested` is asked for.
+    pub fn storage_type(&self, requested: GgmlType) -> GgmlType {
+        match self.role {
+            Role::Vector | Role::Small | Role::ConvTranspose => GgmlType::F32,
+            Role::Conv if requested == GgmlType::F32 => GgmlType::F32,
+            Role::Conv => GgmlType::F16,
+            Role::Matrix => {
+                // Rows that are not whole blocks fall back to a coarser block, then to f16.
+                let fits = |t: GgmlType| self.ne[0] % t.block_size() == 0;
+                [requested, GgmlType::Q8_0, GgmlType::F16]
+                    .into_iter()
+                    .find(|&t| fits(t))
+                    .unwrap_or(GgmlType::F32)
+            }
+        }
+    }
+}
+
+/// The two output files' tensors, in write order.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// The talker GGUF (`qwen3tts`).
+    pub talker: Vec<OutTensor>,
+    /// The mmproj GGUF (`clip`, `qwen3tts_gen` and `qwen3tts_spkenc`).
+    pub mmproj: Vec<OutTensor>,
+}
+
+struct Out<'a> {
+    list: Vec<OutTensor>,
+    specs: &'a [Spec],
+}
+
+impl Out<'_> {
+    fn shape(&self, hf: &str) -> Vec<u64> {
+        // The spec list is derived from the same config, so every name used below is in it.
+        let s = self.specs.iter().find(|s| s.name == hf);
+        s.map(|s| s.shape.iter().rev().copied().collect()).unwrap_or_default()
+    }
+
+    fn copy(&mut self, name: impl Into<String>, hf: impl Into<String>, role: Role) {
+        let hf = hf.into();
+        let mut ne = self.shape(&hf);
+        // Squeeze trailing ggml dimensions of 1 from k=1 kernels that llama.cpp reads as matrices.
+        if role == Role::Matrix {
+            while ne.len() > 2 && ne[0] == 1 {
+                ne.remove(0);
+            }
+        }
+        self.list.push(OutTensor {
+            name: name.into(),
+            ne,
+            source: Source::Copy(hf),
+            role,
+        });
+    }
+
+    /// `name.weight` and `name.bias` from `hf.weight` and `hf.bias`.
+    fn conv(&mut self, name: &str, hf: &str, role: Role) {
+        self.copy(format!("{name}.weight"), format!("{hf}.weight"), role);
+        self.copy(format!("{name}.bias"), format!("{hf}.bias"), Role::Vector);
+    }
+
+    fn stack(&mut self, name: &str, hf: Vec<String>, role: Role) {
+        let mut ne = self.shape(&hf[0]);
+        ne.push(hf.len() as u64);
+        self.list.push(OutTensor {
+            name: name.into(),
+            ne,
+            source: Source::Stack(hf),
+            role,
+        });
+    }
+
+    fn snake(&mut self, name: &str, hf: &str) {
+        let ne = self.shape(&format!("{hf}.alpha"));
+        self.list.push(OutTensor {
+            name: format!("{name}.alpha"),
+            ne: ne.clone(),
+            source: Source::SnakeAlpha(format!("{hf}.alpha")),
+            role: Role::Vector,
+        });
+        self.list.push(OutTensor {
+            name: format!("{name}.beta"),
+            ne,
+            source: Source::SnakeBeta(format!("{hf}.beta")),
+            role: Role::Vector,
+        });
+    }
+
+    fn codebooks(&mut self, name: &str, prefixes: Vec<String>) {
+        let mut ne = self.shape(&format!("{}.embedding_sum", prefixes[0]));
+        if prefixes.len() > 1 {
+            ne.push(prefixes.len() as u64);
+        }
+        self.list.push(OutTensor {
+            name: name.into(),
+            ne,
+            source: Source::Codebooks(prefixes),
+            role: Role::Small,
+        });
+    }
+}
+
+/// The GGUF layout of a checkpoint with configs `cfg` and tensors `specs`
+/// (from [`super::checkpoint::expected_tensors`]).
+pub fn layout(cfg: &CheckpointConfig, specs: &[Spec]) -> Layout {
+    let t = &cfg.tts.talker_config;
+    let cp = &t.code_predictor_config;
+    let d = &cfg.speech_tokenizer.decoder_config;
+    let n_vocab = t.text_vocab_size as u64 + t.vocab_size as u64;
+
+    let mut o = Out {
+        list: Vec::new(),
+        specs,
+    };
+    o.list.push(OutTensor {
+        name: "token_embd.weight".into(),
+        ne: vec![t.hidden_size as u64, n_vocab],
+        source: Source::TokenEmbd,
+        role: Role::Matrix,
+    });
+    o.copy("output_norm.weight", "talker.model.norm.weight", Role::Vector);
+    o.copy("output.weight", "talker.codec_head.weight", Role::Matrix);
+    for i in 0..t.num_hidden_layers {
+        let (g, h) = (format!("blk.{i}"), format!("talker.model.layers.{i}"));
+        o.copy(format!("{g}.attn_norm.weight"), format!("{h}.input_layernorm.weight"), Role::Vector);
+        o.copy(format!("{g}.attn_q.weight"), format!("{h}.self_attn.q_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.attn_k.weight"), format!("{h}.self_attn.k_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.attn_v.weight"), format!("{h}.self_attn.v_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.attn_output.weight"), format!("{h}.self_attn.o_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.attn_q_norm.weight"), format!("{h}.self_attn.q_norm.weight"), Role::Vector);
+        o.copy(format!("{g}.attn_k_norm.weight"), format!("{h}.self_attn.k_norm.weight"), Role::Vector);
+        o.copy(format!("{g}.ffn_norm.weight"), format!("{h}.post_attention_layernorm.weight"), Role::Vector);
+        o.copy(format!("{g}.ffn_gate.weight"), format!("{h}.mlp.gate_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.ffn_up.weight"), format!("{h}.mlp.up_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.ffn_down.weight"), format!("{h}.mlp.down_proj.weight"), Role::Matrix);
+    }
+    let talker = std::mem::take(&mut o.list);
+
+    // Code predictor.
+    let c = "talker.code_predictor";
+    if cp.hidden_size != t.hidden_size {
+        o.copy("a.gen.code.proj_in.weight", format!("{c}.small_to_mtp_projection.weight"), Role::Matrix);
+        o.copy("a.gen.code.proj_in.bias", format!("{c}.small_to_mtp_projection.bias"), Role::Vector);
+    }
+    let groups = t.num_code_groups - 1;
+    let embd = (0..groups).map(|g| format!("{c}.model.codec_embedding.{g}.weight")).collect();
+    o.stack("a.gen.code.embd.weight", embd, Role::Matrix);
+    let heads = (0..groups).map(|g| format!("{c}.lm_head.{g}.weight")).collect();
+    o.stack("a.gen.code.head.weight", heads, Role::Matrix);
+    o.copy("a.gen.code.out_embd.weight", "talker.model.codec_embedding.weight", Role::Matrix);
+    o.copy("a.gen.code.output_norm.weight", format!("{c}.model.norm.weight"), Role::Vector);
+    for l in 0..cp.num_hidden_layers {
+        let (g, h) = (format!("a.gen.code.blk.{l}"), format!("{c}.model.layers.{l}"));
+        o.copy(format!("{g}.ln1.weight"), format!("{h}.input_layernorm.weight"), Role::Vector);
+        o.copy(format!("{g}.attn_q.weight"), format!("{h}.self_attn.q_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.attn_q_norm.weight"), format!("{h}.self_attn.q_norm.weight"), Role::Vector);
+        o.copy(format!("{g}.attn_k.weight"), format!("{h}.self_attn.k_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.attn_k_norm.weight"), format!("{h}.self_attn.k_norm.weight"), Role::Vector);
+        o.copy(format!("{g}.attn_v.weight"), format!("{h}.self_attn.v_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.attn_out.weight"), format!("{h}.self_attn.o_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.ln2.weight"), format!("{h}.post_attention_layernorm.weight"), Role::Vector);
+        o.copy(format!("{g}.ffn_gate.weight"), format!("{h}.mlp.gate_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.ffn_up.weight"), format!("{h}.mlp.up_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.ffn_down.weight"), format!("{h}.mlp.down_proj.weight"), Role::Matrix);
+    }
+
+    // Decoder (code2wav).
+    let q = "decoder.quantizer";
+    let n_sem = d.num_semantic_quantizers;
+    for (g, h, n) in [("first", "rvq_first", n_sem), ("rest", "rvq_rest", d.num_quantizers - n_sem)] {
+        let w = format!("a.gen.wav.quant.{g}");
+        o.copy(format!("{w}.in_proj.weight"), format!("{q}.{h}.input_proj.weight"), Role::Matrix);
+        o.copy(format!("{w}.out_proj.weight"), format!("{q}.{h}.output_proj.weight"), Role::Matrix);
+        let prefixes = (0..n).map(|k| format!("{q}.{h}.vq.layers.{k}._codebook")).collect();
+        o.codebooks(&format!("{w}.codebook.weight"), prefixes);
+    }
+    o.conv("a.gen.wav.pre_conv", "decoder.pre_conv.conv", Role::Conv);
+    let p = "decoder.pre_transformer";
+    o.conv("a.gen.wav.tfm.in_proj", &format!("{p}.input_proj"), Role::Matrix);
+    o.conv("a.gen.wav.tfm.out_proj", &format!("{p}.output_proj"), Role::Matrix);
+    o.copy("a.gen.wav.tfm.output_norm.weight", format!("{p}.norm.weight"), Role::Vector);
+    for i in 0..d.num_hidden_layers {
+        let (g, h) = (format!("a.gen.wav.tfm.blk.{i}"), format!("{p}.layers.{i}"));
+        o.copy(format!("{g}.ln1.weight"), format!("{h}.input_layernorm.weight"), Role::Vector);
+        o.copy(format!("{g}.attn_q.weight"), format!("{h}.self_attn.q_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.attn_k.weight"), format!("{h}.self_attn.k_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.attn_v.weight"), format!("{h}.self_attn.v_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.attn_out.weight"), format!("{h}.self_attn.o_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.ls1.weight"), format!("{h}.self_attn_layer_scale.scale"), Role::Vector);
+        o.copy(format!("{g}.ln2.weight"), format!("{h}.post_attention_layernorm.weight"), Role::Vector);
+        o.copy(format!("{g}.ffn_gate.weight"), format!("{h}.mlp.gate_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.ffn_up.weight"), format!("{h}.mlp.up_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.ffn_down.weight"), format!("{h}.mlp.down_proj.weight"), Role::Matrix);
+        o.copy(format!("{g}.ls2.weight"), format!("{h}.mlp_layer_scale.scale"), Role::Vector);
+    }
+    for u in 0..d.upsampling_ratios.len() {
+        let (g, h) = (format!("a.gen.wav.up.blk.{u}"), format!("decoder.upsample.{u}"));
+        o.conv(&format!("{g}.conv"), &format!("{h}.0.conv"), Role::ConvTranspose);
+        o.conv(&format!("{g}.dwconv"), &format!("{h}.1.dwconv.conv"), Role::Conv);
+        o.conv(&format!("{g}.norm"), &format!("{h}.1.norm"), Role::Vector);
+        o.conv(&format!("{g}.pw1"), &format!("{h}.1.pwconv1"), Role::Matrix);
+        o.conv(&format!("{g}.pw2"), &format!("{h}.1.pwconv2"), Role::Matrix);
+        o.copy(format!("{g}.gamma"), format!("{h}.1.gamma"), Role::Vector);
+    }
+    o.conv("a.gen.wav.dac.entry", "decoder.decoder.0.conv", Role::Conv);
+    for b in 0..d.upsample_rates.len() {
+        let (g, h) = (format!("a.gen.wav.dac.blk.{b}"), format!("decoder.decoder.{}.block", b + 1));
+        o.snake(&format!("{g}.snake"), &format!("{h}.0"));
+        o.conv(&format!("{g}.conv"), &format!("{h}.1.conv"), Role::ConvTranspose);
+        for j in 0..3 {
+            let (gr, hr) = (format!("{g}.res.{j}"), format!("{h}.{}", j + 2));
+            o.snake(&format!("{gr}.act1"), &format!("{hr}.act1"));
+            o.conv(&format!("{gr}.conv1"), &format!("{hr}.conv1.conv"), Role::Conv);
+            o.snake(&format!("{gr}.act2"), &format!("{hr}.act2"));
+            o.conv(&format!("{gr}.conv2"), &format!("{hr}.conv2.conv"), Role::Conv);
+        }
+    }
+    let n = d.upsample_rates.len() + 1;
+    o.snake("a.gen.wav.dac.post_snake", &format!("decoder.decoder.{n}"));
+    o.conv("a.gen.wav.dac.post_conv", &format!("decoder.decoder.{}.conv", n + 1), Role::Conv);
+
+    // Speaker encoder (Base models).
+    if cfg.tts.tts_model_type == ModelType::Base && cfg.tts.speaker_encoder_config.enc_dim.is_some() {
+        let s = "speaker_encoder";
+        o.conv("a.conv1d.0", &format!("{s}.blocks.0.conv"), Role::Small);
+        for b in 1..4 {
+            let (g, h) = (format!("a.blk.{b}"), format!("{s}.blocks.{b}"));
+            o.conv(&format!("{g}.conv_pw1"), &format!("{h}.tdnn1.conv"), Role::Small);
+            for x in 0..7 {
+                o.conv(&format!("{g}.res2.{x}"), &format!("{h}.res2net_block.blocks.{x}.conv"), Role::Small);
+            }
+            o.conv(&format!("{g}.conv_pw2"), &format!("{h}.tdnn2.conv"), Role::Small);
+            o.conv(&format!("{g}.se_conv1"), &format!("{h}.se_block.conv1"), Role::Small);
+            o.conv(&format!("{g}.se_conv2"), &format!("{h}.se_block.conv2"), Role::Small);
+        }
+        o.conv("a.conv_out", &format!("{s}.mfa.conv"), Role::Small);
+        o.conv("a.asp_tdnn", &format!("{s}.asp.tdnn.conv"), Role::Small);
+        o.conv("a.asp_attn", &format!("{s}.asp.conv"), Role::Small);
+        o.conv("mm.a.fc", &format!("{s}.fc"), Role::Small);
+    }
+    Layout {
+        talker,
+        mmproj: o.list,
+    }
+}
