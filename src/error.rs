@@ -26,7 +26,9 @@ pub enum ModelError {
 
     /// The file ends before a structure it announces.
     /// The file is incomplete (an interrupted download?): fetch it again.
-    #[error("{path}: truncated: {what} needs bytes {offset}..{end} but the file has {file_len} bytes")]
+    #[error(
+        "{path}: truncated: {what} needs bytes {offset}..{end} but the file has {file_len} bytes"
+    )]
     Truncated {
         /// The file.
         path: PathBuf,

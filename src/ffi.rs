@@ -100,6 +100,8 @@ pub fn install_logging() {
         unsafe {
             sys::llama_log_set(Some(log_sink), std::ptr::null_mut());
             sys::ggml_log_set(Some(log_sink), std::ptr::null_mut());
+            sys::mtmd_log_set(Some(log_sink), std::ptr::null_mut());
+            sys::mtmd_helper_log_set(Some(log_sink), std::ptr::null_mut());
             sys::llama_backend_init();
         }
     });
@@ -203,7 +205,11 @@ unsafe impl Send for Mmproj {}
 
 impl Mmproj {
     /// Validates `path` as a Qwen3-TTS mmproj GGUF, then loads it with `mtmd_init_from_file`.
-    pub fn load(path: impl AsRef<Path>, text_model: &LlamaModel, n_threads: usize) -> Result<Self, ModelError> {
+    pub fn load(
+        path: impl AsRef<Path>,
+        text_model: &LlamaModel,
+        n_threads: usize,
+    ) -> Result<Self, ModelError> {
         let path = path.as_ref();
         crate::model::validate::mmproj_file(path)?;
         install_logging();
@@ -510,7 +516,8 @@ impl Graph<'_> {
         // SAFETY: the graph and pool are live; the plan's work buffer points into self.work, which
         // is at least work_size bytes and outlives the compute call.
         let status = unsafe {
-            let mut plan = sys::ggml_graph_plan(self.ptr.as_ptr(), pool.n_threads() as i32, pool.as_ptr());
+            let mut plan =
+                sys::ggml_graph_plan(self.ptr.as_ptr(), pool.n_threads() as i32, pool.as_ptr());
             if self.work.len() < plan.work_size {
                 self.work.resize(plan.work_size, 0);
             }
@@ -528,7 +535,11 @@ impl Graph<'_> {
 ///
 /// Returns the quantized bytes; `src.len()` must be `rows · n_per_row` and `n_per_row` a multiple of
 /// the type's block size.
-pub fn quantize(ty: crate::gguf::GgmlType, src: &[f32], n_per_row: usize) -> Result<Vec<u8>, GgmlError> {
+pub fn quantize(
+    ty: crate::gguf::GgmlType,
+    src: &[f32],
+    n_per_row: usize,
+) -> Result<Vec<u8>, GgmlError> {
     let bad = |found: String| GgmlError::Shape {
         what: "quantize",
         expected: format!("rows of a multiple of {} values", ty.block_size()),
@@ -542,7 +553,9 @@ pub fn quantize(ty: crate::gguf::GgmlType, src: &[f32], n_per_row: usize) -> Res
         return Err(bad(format!("{ty}, which needs an importance matrix")));
     }
     let rows = src.len() / n_per_row;
-    let nbytes = ty.nbytes(&[n_per_row as u64, rows as u64]).ok_or_else(|| bad("overflow".into()))? as usize;
+    let nbytes = ty
+        .nbytes(&[n_per_row as u64, rows as u64])
+        .ok_or_else(|| bad("overflow".into()))? as usize;
     let mut dst = vec![0u8; nbytes];
     // SAFETY: src holds rows·n_per_row floats, dst holds exactly the bytes ggml writes for them
     // (ty.nbytes agrees with ggml_row_size, checked by this crate's tests); no importance matrix is
@@ -559,7 +572,9 @@ pub fn quantize(ty: crate::gguf::GgmlType, src: &[f32], n_per_row: usize) -> Res
         )
     };
     if written != nbytes {
-        return Err(bad(format!("ggml wrote {written} bytes, expected {nbytes}")));
+        return Err(bad(format!(
+            "ggml wrote {written} bytes, expected {nbytes}"
+        )));
     }
     Ok(dst)
 }
@@ -572,7 +587,10 @@ pub fn ggml_type_layout(id: u32) -> (i64, usize) {
         if id >= sys::GGML_TYPE_COUNT {
             return (0, 0);
         }
-        (sys::ggml_blck_size(id as sys::ggml_type), sys::ggml_type_size(id as sys::ggml_type))
+        (
+            sys::ggml_blck_size(id as sys::ggml_type),
+            sys::ggml_type_size(id as sys::ggml_type),
+        )
     }
 }
 
@@ -614,7 +632,8 @@ impl EmbdBatch {
         };
         let base = b.seq_id_storage.as_mut_ptr();
         // SAFETY: i < capacity = seq_id_storage.len(); the storage is never reallocated.
-        b.seq_id.extend((0..capacity).map(|i| unsafe { base.add(i) }));
+        b.seq_id
+            .extend((0..capacity).map(|i| unsafe { base.add(i) }));
         b
     }
 
@@ -638,7 +657,10 @@ impl EmbdBatch {
         if self.len == self.capacity || row.len() != self.n_embd {
             return Err(GgmlError::Shape {
                 what: "embedding batch row",
-                expected: format!("a row of {} with room (capacity {})", self.n_embd, self.capacity),
+                expected: format!(
+                    "a row of {} with room (capacity {})",
+                    self.n_embd, self.capacity
+                ),
                 found: format!("a row of {} at {} rows", row.len(), self.len),
             });
         }

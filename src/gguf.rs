@@ -439,7 +439,12 @@ impl<'a> Cursor<'a> {
 
     /// Checks that `n` items of at least `min_size` bytes each can still be in the buffer, so that
     /// a hostile count is refused before anything is allocated for it.
-    fn check_room(&self, n: u64, min_size: u64, what: &dyn Fn() -> String) -> Result<(), ModelError> {
+    fn check_room(
+        &self,
+        n: u64,
+        min_size: u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<(), ModelError> {
         let remain = (self.buf.len() - self.pos) as u64;
         match n.checked_mul(min_size) {
             Some(need) if need <= remain => Ok(()),
@@ -600,7 +605,10 @@ pub fn parse(buf: &[u8], path: &Path) -> Result<Header, ModelError> {
     }
     let n_tensors = c.u64(&|| "tensor count".into())?;
     let n_kv = c.u64(&|| "metadata count".into())?;
-    for (what, n, limit) in [("n_tensors", n_tensors, MAX_TENSORS), ("n_kv", n_kv, MAX_KV)] {
+    for (what, n, limit) in [
+        ("n_tensors", n_tensors, MAX_TENSORS),
+        ("n_kv", n_kv, MAX_KV),
+    ] {
         if n > limit {
             return Err(ModelError::LimitExceeded {
                 path: path.into(),
@@ -679,11 +687,15 @@ pub fn parse(buf: &[u8], path: &Path) -> Result<Header, ModelError> {
             ne.push(c.u64(&|| format!("shape of '{name}'"))?);
         }
         if ne.iter().any(|&d| d == 0 || d > i64::MAX as u64) {
-            return Err(bad(format!("shape {ne:?} has a dimension of 0 or over 2^63")));
+            return Err(bad(format!(
+                "shape {ne:?} has a dimension of 0 or over 2^63"
+            )));
         }
         let code = c.u32(&|| format!("type of '{name}'"))?;
         let Some(ty) = GgmlType::from_u32(code) else {
-            return Err(bad(format!("ggml type {code} is not one this engine reads")));
+            return Err(bad(format!(
+                "ggml type {code} is not one this engine reads"
+            )));
         };
         if ne[0] % ty.block_size() != 0 {
             return Err(bad(format!(
@@ -788,7 +800,8 @@ impl GgufFile {
         // SAFETY: the mapping is read-only and private to this struct. Another process truncating
         // the file while it is mapped would fault on access; that is the usual contract of mapped
         // model files (llama.cpp maps them the same way).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::io(path, "mmap", e))?;
+        let map =
+            unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::io(path, "mmap", e))?;
         let header = parse(&map, path)?;
         Ok(GgufFile {
             path: path.into(),
@@ -850,7 +863,9 @@ impl Plan {
 
     /// The declared tensors.
     pub fn tensors(&self) -> impl Iterator<Item = (&str, &[u64], GgmlType)> {
-        self.tensors.iter().map(|(n, ne, t)| (n.as_str(), ne.as_slice(), *t))
+        self.tensors
+            .iter()
+            .map(|(n, ne, t)| (n.as_str(), ne.as_slice(), *t))
     }
 }
 
@@ -902,7 +917,10 @@ fn put_scalar(out: &mut Vec<u8>, v: &Value) {
 }
 
 /// Serializes a header for `plan` (tensor offsets computed back to back at `alignment`).
-pub fn encode_header(plan: &Plan, alignment: u64) -> Result<(Vec<u8>, Vec<TensorInfo>), ModelError> {
+pub fn encode_header(
+    plan: &Plan,
+    alignment: u64,
+) -> Result<(Vec<u8>, Vec<TensorInfo>), ModelError> {
     let mut out = Vec::new();
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -988,7 +1006,9 @@ impl Writer {
             }
             t => Err(ModelError::Unsupported {
                 what: format!("writing tensor '{name}' to {}", self.path.display()),
-                expected: t.map_or("no more tensors".into(), |t| format!("tensor '{}' next", t.name)),
+                expected: t.map_or("no more tensors".into(), |t| {
+                    format!("tensor '{}' next", t.name)
+                }),
                 found: format!("'{name}'"),
             }),
         }

@@ -25,7 +25,11 @@ fn tiny_checkpoints_match_the_spec_exactly() {
             }
         }
         let proj = listed.contains("talker.code_predictor.small_to_mtp_projection.weight");
-        assert_eq!(proj, name == "tiny17", "{name}: projection iff the CP is narrower");
+        assert_eq!(
+            proj,
+            name == "tiny17",
+            "{name}: projection iff the CP is narrower"
+        );
     }
 }
 
@@ -36,10 +40,25 @@ fn published_configs_parse() {
     let root = common::shared("qwen3-tts/configs");
     for (name, hidden, ty, speakers) in [
         ("Qwen3-TTS-12Hz-0.6B-Base", 1024, ModelType::Base, 0),
-        ("Qwen3-TTS-12Hz-0.6B-CustomVoice", 1024, ModelType::CustomVoice, 9),
+        (
+            "Qwen3-TTS-12Hz-0.6B-CustomVoice",
+            1024,
+            ModelType::CustomVoice,
+            9,
+        ),
         ("Qwen3-TTS-12Hz-1.7B-Base", 2048, ModelType::Base, 0),
-        ("Qwen3-TTS-12Hz-1.7B-CustomVoice", 2048, ModelType::CustomVoice, 9),
-        ("Qwen3-TTS-12Hz-1.7B-VoiceDesign", 2048, ModelType::VoiceDesign, 0),
+        (
+            "Qwen3-TTS-12Hz-1.7B-CustomVoice",
+            2048,
+            ModelType::CustomVoice,
+            9,
+        ),
+        (
+            "Qwen3-TTS-12Hz-1.7B-VoiceDesign",
+            2048,
+            ModelType::VoiceDesign,
+            0,
+        ),
     ] {
         let cfg = CheckpointConfig::read(&root.join(name)).unwrap();
         let t = &cfg.tts.talker_config;
@@ -51,7 +70,10 @@ fn published_configs_parse() {
         assert_eq!(t.num_hidden_layers, 28, "{name}");
         assert_eq!(t.codec_eos_token_id, 2150, "{name}");
         assert_eq!(cfg.tts.tts_pad_token_id, 151671, "{name}");
-        assert_eq!(cfg.speech_tokenizer.decoder_config.sliding_window, 72, "{name}");
+        assert_eq!(
+            cfg.speech_tokenizer.decoder_config.sliding_window, 72,
+            "{name}"
+        );
         assert_eq!(cfg.generation.max_new_tokens, 8192, "{name}");
         // 0.6B ≈ 906 M parameters, 1.7B ≈ 1.92 B (MODEL-NOTES.md §3), talker file only.
         let params: u64 = expected_tensors(&cfg)
@@ -60,7 +82,10 @@ fn published_configs_parse() {
             .map(|s| s.shape.iter().product::<u64>())
             .sum();
         let expect = if hidden == 1024 { 906e6 } else { 1.92e9 };
-        assert!((params as f64 - expect).abs() / expect < 0.01, "{name}: {params}");
+        assert!(
+            (params as f64 - expect).abs() / expect < 0.01,
+            "{name}: {params}"
+        );
     }
 }
 

@@ -16,14 +16,20 @@ fn read_safetensors(path: &std::path::Path) -> HashMap<String, Vec<f32>> {
         .into_iter()
         .map(|(n, v)| {
             assert_eq!(v.dtype(), safetensors::Dtype::F32);
-            let f = v.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let f = v
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
             (n, f)
         })
         .collect()
 }
 
 fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -35,7 +41,14 @@ fn convert_tiny(name: &str, ty: OutType) -> (tempfile::TempDir, qtts::model::con
     let tok = tmp.path().join("tokenizer");
     common::tiny_tokenizer(&tok);
     let model = common::fixture(name).join("model");
-    let out = convert(&model, Some(&tok), &tmp.path().join("out"), ty, &mut |_, _| {}).unwrap();
+    let out = convert(
+        &model,
+        Some(&tok),
+        &tmp.path().join("out"),
+        ty,
+        &mut |_, _| {},
+    )
+    .unwrap();
     (tmp, out)
 }
 
@@ -45,34 +58,72 @@ fn f32_conversion_reads_back_exactly() {
         let (_tmp, out) = convert_tiny(name, OutType::F32);
         let dir = common::fixture(name).join("model");
         let mut src = read_safetensors(&dir.join("model.safetensors"));
-        src.extend(read_safetensors(&dir.join("speech_tokenizer/model.safetensors")));
+        src.extend(read_safetensors(
+            &dir.join("speech_tokenizer/model.safetensors"),
+        ));
         let talker = GgufFile::open(&out.talker).unwrap();
         let mmproj = GgufFile::open(&out.mmproj).unwrap();
         let get = |f: &GgufFile, n: &str| {
-            let t = f.header.tensor(n).unwrap_or_else(|| panic!("{name}: no {n}"));
+            let t = f
+                .header
+                .tensor(n)
+                .unwrap_or_else(|| panic!("{name}: no {n}"));
             assert_eq!(t.ty, GgmlType::F32, "{name}: {n}");
             f32s(f.tensor_data(n).unwrap())
         };
         // Plain copies, a sample from every part of both files.
         for (gg, hf) in [
             ("output.weight", "talker.codec_head.weight"),
-            ("blk.1.attn_q.weight", "talker.model.layers.1.self_attn.q_proj.weight"),
-            ("blk.0.ffn_down.weight", "talker.model.layers.0.mlp.down_proj.weight"),
-            ("blk.1.attn_k_norm.weight", "talker.model.layers.1.self_attn.k_norm.weight"),
+            (
+                "blk.1.attn_q.weight",
+                "talker.model.layers.1.self_attn.q_proj.weight",
+            ),
+            (
+                "blk.0.ffn_down.weight",
+                "talker.model.layers.0.mlp.down_proj.weight",
+            ),
+            (
+                "blk.1.attn_k_norm.weight",
+                "talker.model.layers.1.self_attn.k_norm.weight",
+            ),
         ] {
             assert_eq!(bits(&get(&talker, gg)), bits(&src[hf]), "{name}: {gg}");
         }
         for (gg, hf) in [
-            ("a.gen.code.out_embd.weight", "talker.model.codec_embedding.weight"),
-            ("a.gen.code.blk.1.attn_out.weight", "talker.code_predictor.model.layers.1.self_attn.o_proj.weight"),
+            (
+                "a.gen.code.out_embd.weight",
+                "talker.model.codec_embedding.weight",
+            ),
+            (
+                "a.gen.code.blk.1.attn_out.weight",
+                "talker.code_predictor.model.layers.1.self_attn.o_proj.weight",
+            ),
             ("a.gen.wav.pre_conv.weight", "decoder.pre_conv.conv.weight"),
-            ("a.gen.wav.tfm.blk.1.ls2.weight", "decoder.pre_transformer.layers.1.mlp_layer_scale.scale"),
-            ("a.gen.wav.up.blk.1.conv.weight", "decoder.upsample.1.0.conv.weight"),
+            (
+                "a.gen.wav.tfm.blk.1.ls2.weight",
+                "decoder.pre_transformer.layers.1.mlp_layer_scale.scale",
+            ),
+            (
+                "a.gen.wav.up.blk.1.conv.weight",
+                "decoder.upsample.1.0.conv.weight",
+            ),
             ("a.gen.wav.up.blk.0.gamma", "decoder.upsample.0.1.gamma"),
-            ("a.gen.wav.dac.blk.3.conv.weight", "decoder.decoder.4.block.1.conv.weight"),
-            ("a.gen.wav.dac.blk.2.res.1.conv1.weight", "decoder.decoder.3.block.3.conv1.conv.weight"),
-            ("a.gen.wav.dac.post_conv.weight", "decoder.decoder.6.conv.weight"),
-            ("a.gen.wav.quant.rest.out_proj.weight", "decoder.quantizer.rvq_rest.output_proj.weight"),
+            (
+                "a.gen.wav.dac.blk.3.conv.weight",
+                "decoder.decoder.4.block.1.conv.weight",
+            ),
+            (
+                "a.gen.wav.dac.blk.2.res.1.conv1.weight",
+                "decoder.decoder.3.block.3.conv1.conv.weight",
+            ),
+            (
+                "a.gen.wav.dac.post_conv.weight",
+                "decoder.decoder.6.conv.weight",
+            ),
+            (
+                "a.gen.wav.quant.rest.out_proj.weight",
+                "decoder.quantizer.rvq_rest.output_proj.weight",
+            ),
         ] {
             assert_eq!(bits(&get(&mmproj, gg)), bits(&src[hf]), "{name}: {gg}");
         }
@@ -92,33 +143,65 @@ fn f32_conversion_reads_back_exactly() {
         let embd = get(&mmproj, "a.gen.code.embd.weight");
         for g in 0..15 {
             let h = &src[&format!("talker.code_predictor.lm_head.{g}.weight")];
-            assert_eq!(bits(&head[g * h.len()..(g + 1) * h.len()]), bits(h), "{name}: head {g}");
+            assert_eq!(
+                bits(&head[g * h.len()..(g + 1) * h.len()]),
+                bits(h),
+                "{name}: head {g}"
+            );
             let e = &src[&format!("talker.code_predictor.model.codec_embedding.{g}.weight")];
-            assert_eq!(bits(&embd[g * e.len()..(g + 1) * e.len()]), bits(e), "{name}: embd {g}");
+            assert_eq!(
+                bits(&embd[g * e.len()..(g + 1) * e.len()]),
+                bits(e),
+                "{name}: embd {g}"
+            );
         }
         // Codebooks: embedding_sum / clamp(cluster_usage, 1e-5), row by row.
         let rest = get(&mmproj, "a.gen.wav.quant.rest.codebook.weight");
         for k in 0..15 {
             let p = format!("decoder.quantizer.rvq_rest.vq.layers.{k}._codebook");
-            let (sum, usage) = (&src[&format!("{p}.embedding_sum")], &src[&format!("{p}.cluster_usage")]);
+            let (sum, usage) = (
+                &src[&format!("{p}.embedding_sum")],
+                &src[&format!("{p}.cluster_usage")],
+            );
             let dim = sum.len() / usage.len();
-            let expect: Vec<f32> = (0..sum.len()).map(|i| sum[i] / usage[i / dim].max(1e-5)).collect();
-            assert_eq!(bits(&rest[k * sum.len()..(k + 1) * sum.len()]), bits(&expect), "{name}: codebook {k}");
+            let expect: Vec<f32> = (0..sum.len())
+                .map(|i| sum[i] / usage[i / dim].max(1e-5))
+                .collect();
+            assert_eq!(
+                bits(&rest[k * sum.len()..(k + 1) * sum.len()]),
+                bits(&expect),
+                "{name}: codebook {k}"
+            );
         }
         // SnakeBeta parameters: exp(alpha), 1 / (exp(beta) + 1e-9).
         let a = &src["decoder.decoder.2.block.0.alpha"];
         let b = &src["decoder.decoder.2.block.0.beta"];
         let ea: Vec<f32> = a.iter().map(|x| x.exp()).collect();
         let eb: Vec<f32> = b.iter().map(|x| 1.0 / (x.exp() + 1e-9)).collect();
-        assert_eq!(bits(&get(&mmproj, "a.gen.wav.dac.blk.1.snake.alpha")), bits(&ea));
-        assert_eq!(bits(&get(&mmproj, "a.gen.wav.dac.blk.1.snake.beta")), bits(&eb));
+        assert_eq!(
+            bits(&get(&mmproj, "a.gen.wav.dac.blk.1.snake.alpha")),
+            bits(&ea)
+        );
+        assert_eq!(
+            bits(&get(&mmproj, "a.gen.wav.dac.blk.1.snake.beta")),
+            bits(&eb)
+        );
         // 1.7B-like: the projection into the narrower code predictor.
-        assert_eq!(mmproj.header.tensor("a.gen.code.proj_in.weight").is_some(), name == "tiny17");
+        assert_eq!(
+            mmproj.header.tensor("a.gen.code.proj_in.weight").is_some(),
+            name == "tiny17"
+        );
         // Token embedding: projected text rows, then the codec rows unchanged.
         let te = get(&talker, "token_embd.weight");
         let emb = &src["talker.model.text_embedding.weight"];
-        let (w1, b1) = (&src["talker.text_projection.linear_fc1.weight"], &src["talker.text_projection.linear_fc1.bias"]);
-        let (w2, b2) = (&src["talker.text_projection.linear_fc2.weight"], &src["talker.text_projection.linear_fc2.bias"]);
+        let (w1, b1) = (
+            &src["talker.text_projection.linear_fc1.weight"],
+            &src["talker.text_projection.linear_fc1.bias"],
+        );
+        let (w2, b2) = (
+            &src["talker.text_projection.linear_fc2.weight"],
+            &src["talker.text_projection.linear_fc2.bias"],
+        );
         let (th, h) = (b1.len(), b2.len());
         let n_text = emb.len() / th;
         let mut max_err = 0f64;
@@ -126,7 +209,10 @@ fn f32_conversion_reads_back_exactly() {
             let x = &emb[r * th..(r + 1) * th];
             let hid: Vec<f64> = (0..th)
                 .map(|o| {
-                    let z = b1[o] as f64 + (0..th).map(|i| w1[o * th + i] as f64 * x[i] as f64).sum::<f64>();
+                    let z = b1[o] as f64
+                        + (0..th)
+                            .map(|i| w1[o * th + i] as f64 * x[i] as f64)
+                            .sum::<f64>();
                     z / (1.0 + (-z).exp())
                 })
                 .collect();
@@ -135,7 +221,10 @@ fn f32_conversion_reads_back_exactly() {
                 max_err = max_err.max((y - te[r * h + o] as f64).abs());
             }
         }
-        assert!(max_err < 1e-5, "{name}: projected text rows off by {max_err}");
+        assert!(
+            max_err < 1e-5,
+            "{name}: projected text rows off by {max_err}"
+        );
         let codec = &src["talker.model.codec_embedding.weight"];
         assert_eq!(bits(&te[n_text * h..]), bits(codec), "{name}: codec rows");
     }
@@ -143,7 +232,12 @@ fn f32_conversion_reads_back_exactly() {
 
 #[test]
 fn llama_cpp_loads_the_converted_talker() {
-    for (name, ty) in [("tiny", OutType::F32), ("tiny17", OutType::F16), ("tiny", OutType::Q8_0), ("tiny17", OutType::Q4K)] {
+    for (name, ty) in [
+        ("tiny", OutType::F32),
+        ("tiny17", OutType::F16),
+        ("tiny", OutType::Q8_0),
+        ("tiny17", OutType::Q4K),
+    ] {
         let (_tmp, out) = convert_tiny(name, ty);
         let model = qtts::ffi::LlamaModel::load(&out.talker).unwrap();
         assert_eq!(model.n_embd(), 64, "{name} {ty:?}");
@@ -167,7 +261,10 @@ fn storage_types_follow_the_roles() {
     // q4_K needs rows of 256: the tiny model's rows of 64 fall back to q8_0.
     let (_tmp, out) = convert_tiny("tiny", OutType::Q4K);
     let f = GgufFile::open(&out.talker).unwrap();
-    assert_eq!(f.header.tensor("blk.0.attn_q.weight").unwrap().ty, GgmlType::Q8_0);
+    assert_eq!(
+        f.header.tensor("blk.0.attn_q.weight").unwrap().ty,
+        GgmlType::Q8_0
+    );
 }
 
 #[test]
@@ -177,7 +274,71 @@ fn failed_conversion_leaves_no_file() {
     let model = common::fixture("tiny").join("model");
     let out = tmp.path().join("out");
     let err = convert(&model, None, &out, OutType::F32, &mut |_, _| {}).unwrap_err();
-    assert!(matches!(err, qtts::ModelError::Io { ref path, .. } if path.ends_with("vocab.json")), "{err:?}");
-    let left: Vec<_> = std::fs::read_dir(&out).map(|d| d.count()).into_iter().collect();
+    assert!(
+        matches!(err, qtts::ModelError::Io { ref path, .. } if path.ends_with("vocab.json")),
+        "{err:?}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .map(|d| d.count())
+        .into_iter()
+        .collect();
     assert!(left.is_empty() || left == [0], "files left: {left:?}");
+}
+
+/// A Base checkpoint small in every width that llama.cpp reads from tensors, but with the counts
+/// llama.cpp's mmproj loader hard-codes (8 decoder layers of 16 heads, 3 speaker-encoder blocks):
+/// both of llama.cpp's own loaders accept what `convert` writes from it.
+#[test]
+fn llama_cpp_and_mtmd_load_a_converted_base_model() {
+    use qtts::model::config::Preset;
+    let mut cfg = Preset::Small06Base.config();
+    let t = &mut cfg.tts.talker_config;
+    (
+        t.hidden_size,
+        t.num_hidden_layers,
+        t.num_attention_heads,
+        t.num_key_value_heads,
+    ) = (64, 2, 4, 2);
+    (
+        t.head_dim,
+        t.intermediate_size,
+        t.text_vocab_size,
+        t.text_hidden_size,
+    ) = (32, 128, 1024, 96);
+    t.rope_scaling.mrope_section = vec![6, 5, 5];
+    let cp = &mut t.code_predictor_config;
+    (
+        cp.hidden_size,
+        cp.num_hidden_layers,
+        cp.num_attention_heads,
+        cp.num_key_value_heads,
+    ) = (48, 2, 4, 2);
+    (cp.head_dim, cp.intermediate_size) = (32, 128);
+    cfg.tts.speaker_encoder_config.enc_dim = Some(64);
+    (
+        cfg.tts.im_start_token_id,
+        cfg.tts.im_end_token_id,
+        cfg.tts.assistant_token_id,
+    ) = (1000, 1001, 1002);
+    (
+        cfg.tts.tts_pad_token_id,
+        cfg.tts.tts_bos_token_id,
+        cfg.tts.tts_eos_token_id,
+    ) = (1004, 1005, 1006);
+    let d = &mut cfg.speech_tokenizer.decoder_config;
+    (d.codebook_dim, d.latent_dim, d.decoder_dim, d.hidden_size) = (16, 48, 64, 32);
+    (d.intermediate_size, d.head_dim) = (64, 4);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tmp.path().join("tokenizer");
+    common::tiny_tokenizer(&tok);
+    let ckpt = tmp.path().join("ckpt");
+    qtts::model::random::write_random_checkpoint_with(&cfg, 7, &tok, &ckpt, &mut |_, _| {})
+        .unwrap();
+    for ty in [OutType::F32, OutType::Q8_0] {
+        let out = convert(&ckpt, None, &tmp.path().join(ty.name()), ty, &mut |_, _| {}).unwrap();
+        let talker = qtts::ffi::LlamaModel::load(&out.talker).unwrap();
+        assert_eq!((talker.n_embd(), talker.n_vocab()), (64, 1024 + 3072));
+        qtts::ffi::Mmproj::load(&out.mmproj, &talker, 1).unwrap();
+    }
 }

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::{Dtype, SafeTensors};
+use safetensors::tensor::Dtype;
 
 use super::config::CheckpointConfig;
 use crate::error::ModelError;
@@ -90,7 +90,11 @@ impl Specs {
     }
 
     fn conv(&mut self, name: &str, out: u64, inp: u64, k: u64) {
-        self.add(format!("{name}.weight"), &[out, inp, k], Init::FanIn(inp * k));
+        self.add(
+            format!("{name}.weight"),
+            &[out, inp, k],
+            Init::FanIn(inp * k),
+        );
         self.add(format!("{name}.bias"), &[out], Init::Bias);
     }
 
@@ -102,7 +106,11 @@ impl Specs {
     /// A Qwen3 decoder layer: pre-RMSNorm attention with per-head q/k norms, then SwiGLU.
     fn qwen3_layer(&mut self, p: &str, h: u64, heads: u64, kv: u64, hd: u64, inter: u64) {
         self.add(format!("{p}.input_layernorm.weight"), &[h], Init::Norm);
-        self.add(format!("{p}.post_attention_layernorm.weight"), &[h], Init::Norm);
+        self.add(
+            format!("{p}.post_attention_layernorm.weight"),
+            &[h],
+            Init::Norm,
+        );
         self.linear(&format!("{p}.self_attn.q_proj"), heads * hd, h, false);
         self.linear(&format!("{p}.self_attn.k_proj"), kv * hd, h, false);
         self.linear(&format!("{p}.self_attn.v_proj"), kv * hd, h, false);
@@ -123,10 +131,18 @@ pub fn expected_tensors(cfg: &CheckpointConfig) -> Vec<Spec> {
     let (tv, th) = (t.text_vocab_size as u64, t.text_hidden_size as u64);
     let n_groups = t.num_code_groups as u64;
     let mut s = Specs(Vec::new(), CheckpointFile::Talker);
-    s.add("talker.model.text_embedding.weight", &[tv, th], Init::Normal);
+    s.add(
+        "talker.model.text_embedding.weight",
+        &[tv, th],
+        Init::Normal,
+    );
     s.linear("talker.text_projection.linear_fc1", th, th, true);
     s.linear("talker.text_projection.linear_fc2", h, th, true);
-    s.add("talker.model.codec_embedding.weight", &[t.vocab_size as u64, h], Init::Normal);
+    s.add(
+        "talker.model.codec_embedding.weight",
+        &[t.vocab_size as u64, h],
+        Init::Normal,
+    );
     for i in 0..t.num_hidden_layers {
         s.qwen3_layer(
             &format!("talker.model.layers.{i}"),
@@ -173,17 +189,40 @@ pub fn expected_tensors(cfg: &CheckpointConfig) -> Vec<Spec> {
     let mut out = s.0;
     let mut s = Specs(Vec::new(), CheckpointFile::SpeechTokenizer);
     let (cd, half) = (d.codebook_dim as u64, d.codebook_dim as u64 / 2);
-    let (lat, hs, dd) = (d.latent_dim as u64, d.hidden_size as u64, d.decoder_dim as u64);
+    let (lat, hs, dd) = (
+        d.latent_dim as u64,
+        d.hidden_size as u64,
+        d.decoder_dim as u64,
+    );
     let n_sem = d.num_semantic_quantizers as u64;
-    for (rvq, n) in [("rvq_first", n_sem), ("rvq_rest", d.num_quantizers as u64 - n_sem)] {
+    for (rvq, n) in [
+        ("rvq_first", n_sem),
+        ("rvq_rest", d.num_quantizers as u64 - n_sem),
+    ] {
         let p = format!("decoder.quantizer.{rvq}");
         for k in 0..n {
             let cb = format!("{p}.vq.layers.{k}._codebook");
-            s.add(format!("{cb}.cluster_usage"), &[d.codebook_size as u64], Init::Usage);
-            s.add(format!("{cb}.embedding_sum"), &[d.codebook_size as u64, half], Init::Normal);
+            s.add(
+                format!("{cb}.cluster_usage"),
+                &[d.codebook_size as u64],
+                Init::Usage,
+            );
+            s.add(
+                format!("{cb}.embedding_sum"),
+                &[d.codebook_size as u64, half],
+                Init::Normal,
+            );
         }
-        s.add(format!("{p}.input_proj.weight"), &[half, cd, 1], Init::FanIn(cd));
-        s.add(format!("{p}.output_proj.weight"), &[cd, half, 1], Init::FanIn(half));
+        s.add(
+            format!("{p}.input_proj.weight"),
+            &[half, cd, 1],
+            Init::FanIn(cd),
+        );
+        s.add(
+            format!("{p}.output_proj.weight"),
+            &[cd, half, 1],
+            Init::FanIn(half),
+        );
     }
     s.conv("decoder.pre_conv.conv", lat, cd, 3);
     let p = "decoder.pre_transformer";
@@ -192,15 +231,48 @@ pub fn expected_tensors(cfg: &CheckpointConfig) -> Vec<Spec> {
     for i in 0..d.num_hidden_layers {
         let l = format!("{p}.layers.{i}");
         s.add(format!("{l}.input_layernorm.weight"), &[hs], Init::Norm);
-        s.add(format!("{l}.post_attention_layernorm.weight"), &[hs], Init::Norm);
+        s.add(
+            format!("{l}.post_attention_layernorm.weight"),
+            &[hs],
+            Init::Norm,
+        );
         s.linear(&format!("{l}.self_attn.q_proj"), nh * hd, hs, false);
-        s.linear(&format!("{l}.self_attn.k_proj"), d.num_key_value_heads as u64 * hd, hs, false);
-        s.linear(&format!("{l}.self_attn.v_proj"), d.num_key_value_heads as u64 * hd, hs, false);
+        s.linear(
+            &format!("{l}.self_attn.k_proj"),
+            d.num_key_value_heads as u64 * hd,
+            hs,
+            false,
+        );
+        s.linear(
+            &format!("{l}.self_attn.v_proj"),
+            d.num_key_value_heads as u64 * hd,
+            hs,
+            false,
+        );
         s.linear(&format!("{l}.self_attn.o_proj"), hs, nh * hd, false);
-        s.linear(&format!("{l}.mlp.gate_proj"), d.intermediate_size as u64, hs, false);
-        s.linear(&format!("{l}.mlp.up_proj"), d.intermediate_size as u64, hs, false);
-        s.linear(&format!("{l}.mlp.down_proj"), hs, d.intermediate_size as u64, false);
-        s.add(format!("{l}.self_attn_layer_scale.scale"), &[hs], Init::Scale);
+        s.linear(
+            &format!("{l}.mlp.gate_proj"),
+            d.intermediate_size as u64,
+            hs,
+            false,
+        );
+        s.linear(
+            &format!("{l}.mlp.up_proj"),
+            d.intermediate_size as u64,
+            hs,
+            false,
+        );
+        s.linear(
+            &format!("{l}.mlp.down_proj"),
+            hs,
+            d.intermediate_size as u64,
+            false,
+        );
+        s.add(
+            format!("{l}.self_attn_layer_scale.scale"),
+            &[hs],
+            Init::Scale,
+        );
         s.add(format!("{l}.mlp_layer_scale.scale"), &[hs], Init::Scale);
     }
     s.add(format!("{p}.norm.weight"), &[hs], Init::Norm);
@@ -209,7 +281,11 @@ pub fn expected_tensors(cfg: &CheckpointConfig) -> Vec<Spec> {
         let r = r as u64;
         let u = format!("decoder.upsample.{j}");
         // ConvTranspose1d weight is [in, out, k]; fan-in per output sample is in·k/stride.
-        s.add(format!("{u}.0.conv.weight"), &[lat, lat, r], Init::FanIn(lat));
+        s.add(
+            format!("{u}.0.conv.weight"),
+            &[lat, lat, r],
+            Init::FanIn(lat),
+        );
         s.add(format!("{u}.0.conv.bias"), &[lat], Init::Bias);
         s.conv(&format!("{u}.1.dwconv.conv"), lat, 1, 7);
         s.add(format!("{u}.1.norm.weight"), &[lat], Init::Norm);
@@ -224,7 +300,11 @@ pub fn expected_tensors(cfg: &CheckpointConfig) -> Vec<Spec> {
         let (r, c_out) = (r as u64, c_in / 2);
         let b = format!("decoder.decoder.{}.block", i + 1);
         s.snake(&format!("{b}.0"), c_in);
-        s.add(format!("{b}.1.conv.weight"), &[c_in, c_out, 2 * r], Init::FanIn(c_in * 2));
+        s.add(
+            format!("{b}.1.conv.weight"),
+            &[c_in, c_out, 2 * r],
+            Init::FanIn(c_in * 2),
+        );
         s.add(format!("{b}.1.conv.bias"), &[c_out], Init::Bias);
         for u in 2..5 {
             s.snake(&format!("{b}.{u}.act1"), c_out);
@@ -255,7 +335,12 @@ fn speaker_encoder_tensors(enc_dim: u64) -> Vec<Spec> {
     for b in 1..4 {
         s.conv(&format!("{p}.blocks.{b}.tdnn1.conv"), c, c, 1);
         for x in 0..scale - 1 {
-            s.conv(&format!("{p}.blocks.{b}.res2net_block.blocks.{x}.conv"), c / scale, c / scale, 3);
+            s.conv(
+                &format!("{p}.blocks.{b}.res2net_block.blocks.{x}.conv"),
+                c / scale,
+                c / scale,
+                3,
+            );
         }
         s.conv(&format!("{p}.blocks.{b}.tdnn2.conv"), c, c, 1);
         s.conv(&format!("{p}.blocks.{b}.se_block.conv1"), se, c, 1);
@@ -268,14 +353,18 @@ fn speaker_encoder_tensors(enc_dim: u64) -> Vec<Spec> {
     s.0
 }
 
-/// A checkpoint directory with its configs checked and its weight files mapped.
+/// A checkpoint directory with its configs checked and its weight files indexed.
+///
+/// Tensors are read with positioned reads, one at a time (or a range of rows), not mapped: a
+/// conversion's memory then stays near the tensor being converted instead of growing with every
+/// page of the source files it has touched.
 #[derive(Debug)]
 pub struct Checkpoint {
     /// The directory.
     pub dir: PathBuf,
     /// Its three JSON files.
     pub config: CheckpointConfig,
-    maps: HashMap<CheckpointFile, (PathBuf, memmap2::Mmap)>,
+    files: HashMap<CheckpointFile, (PathBuf, File)>,
     index: HashMap<String, Entry>,
     specs: Vec<Spec>,
 }
@@ -285,24 +374,91 @@ struct Entry {
     file: CheckpointFile,
     dtype: Dtype,
     shape: Vec<usize>,
-    range: std::ops::Range<usize>,
+    /// Absolute byte range in the file.
+    range: std::ops::Range<u64>,
+}
+
+/// Longest safetensors header accepted (the real ones are under 200 KB).
+const MAX_HEADER: u64 = 100 << 20;
+
+#[derive(serde::Deserialize)]
+struct HeaderEntry {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data_offsets: (u64, u64),
+}
+
+fn read_index(
+    file: CheckpointFile,
+    path: &Path,
+    f: &File,
+) -> Result<Vec<(String, Entry)>, ModelError> {
+    use std::os::unix::fs::FileExt;
+    let parse = |message: String| ModelError::Parse {
+        path: path.into(),
+        message,
+    };
+    let len = f
+        .metadata()
+        .map_err(|e| ModelError::io(path, "stat", e))?
+        .len();
+    let mut n = [0u8; 8];
+    f.read_exact_at(&mut n, 0)
+        .map_err(|e| ModelError::io(path, "read", e))?;
+    let n = u64::from_le_bytes(n);
+    if n > MAX_HEADER || 8 + n > len {
+        return Err(parse(format!("header of {n} bytes in a file of {len}")));
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact_at(&mut header, 8)
+        .map_err(|e| ModelError::io(path, "read", e))?;
+    let map: HashMap<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| parse(e.to_string()))?;
+    let data_start = 8 + n;
+    let mut out = Vec::with_capacity(map.len());
+    for (name, v) in map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let e: HeaderEntry =
+            serde_json::from_value(v).map_err(|e| parse(format!("tensor '{name}': {e}")))?;
+        let (start, end) = e.data_offsets;
+        let elems = e.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let bytes = elems.and_then(|n| n.checked_mul(e.dtype.bitsize() / 8));
+        if start > end || data_start + end > len || bytes != Some((end - start) as usize) {
+            return Err(parse(format!(
+                "tensor '{name}': data {start}..{end} for shape {:?} of {:?} in a file of {len} bytes",
+                e.shape, e.dtype
+            )));
+        }
+        out.push((
+            name,
+            Entry {
+                file,
+                dtype: e.dtype,
+                shape: e.shape,
+                range: data_start + start..data_start + end,
+            },
+        ));
+    }
+    Ok(out)
 }
 
 /// A tensor's raw bytes as stored in the checkpoint.
-#[derive(Debug, Clone, Copy)]
-pub struct RawTensor<'a> {
+#[derive(Debug, Clone)]
+pub struct RawTensor {
     /// Element type.
     pub dtype: Dtype,
     /// PyTorch shape.
-    pub shape: &'a [usize],
+    pub shape: Vec<usize>,
     /// Little-endian bytes.
-    pub data: &'a [u8],
+    pub data: Vec<u8>,
 }
 
-impl RawTensor<'_> {
+impl RawTensor {
     /// The values as f32 (exact for f32, f16 and bf16 sources).
     pub fn to_f32(&self) -> Vec<f32> {
-        let d = self.data;
+        let d = &self.data;
         match self.dtype {
             Dtype::F32 => d
                 .chunks_exact(4)
@@ -323,40 +479,22 @@ impl RawTensor<'_> {
 }
 
 impl Checkpoint {
-    /// Reads the configs of `dir`, maps its two weight files and checks that every tensor the
+    /// Reads the configs of `dir`, indexes its two weight files and checks that every tensor the
     /// configs imply is present with its shape and a float type.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, ModelError> {
         let dir = dir.as_ref().to_path_buf();
         let config = CheckpointConfig::read(&dir)?;
         let specs = expected_tensors(&config);
-        let mut maps = HashMap::new();
+        let mut files = HashMap::new();
         let mut index = HashMap::new();
         for file in [CheckpointFile::Talker, CheckpointFile::SpeechTokenizer] {
             let path = dir.join(file.rel_path());
             let f = File::open(&path).map_err(|e| ModelError::io(&path, "open", e))?;
-            // SAFETY: read-only private mapping of a file this process does not modify.
-            let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| ModelError::io(&path, "mmap", e))?;
-            let parse = |e: safetensors::SafeTensorError| ModelError::Parse {
-                path: path.clone(),
-                message: e.to_string(),
-            };
-            // deserialize() checks the header and every data range against the buffer.
-            let st = SafeTensors::deserialize(&map).map_err(parse)?;
-            let base = map.as_ptr() as usize;
-            for (name, view) in st.tensors() {
-                let start = view.data().as_ptr() as usize - base;
-                let entry = Entry {
-                    file,
-                    dtype: view.dtype(),
-                    shape: view.shape().to_vec(),
-                    range: start..start + view.data().len(),
-                };
-                index.insert(name, entry);
-            }
-            maps.insert(file, (path, map));
+            index.extend(read_index(file, &path, &f)?);
+            files.insert(file, (path, f));
         }
         for spec in &specs {
-            let path = &maps[&spec.file].0;
+            let path = &files[&spec.file].0;
             let entry = index.get(&spec.name).filter(|e| e.file == spec.file);
             let Some(entry) = entry else {
                 return Err(ModelError::MissingTensor {
@@ -385,7 +523,7 @@ impl Checkpoint {
         Ok(Checkpoint {
             dir,
             config,
-            maps,
+            files,
             index,
             specs,
         })
@@ -396,19 +534,52 @@ impl Checkpoint {
         &self.specs
     }
 
-    /// The raw tensor `name`, from either weight file.
-    pub fn raw(&self, name: &str) -> Result<RawTensor<'_>, ModelError> {
+    /// Rows `rows` (along the first PyTorch dimension) of tensor `name`, from either weight file.
+    pub fn raw_rows(
+        &self,
+        name: &str,
+        rows: std::ops::Range<usize>,
+    ) -> Result<RawTensor, ModelError> {
+        use std::os::unix::fs::FileExt;
         let Some(e) = self.index.get(name) else {
             return Err(ModelError::MissingTensor {
                 path: self.dir.clone(),
                 tensor: name.into(),
             });
         };
+        let n_rows = e.shape.first().copied().unwrap_or(1).max(1);
+        let row_bytes = (e.range.end - e.range.start) / n_rows as u64;
+        if rows.start > rows.end || rows.end > n_rows {
+            return Err(ModelError::WrongShape {
+                path: self.dir.clone(),
+                tensor: name.into(),
+                expected: vec![n_rows as u64],
+                found: vec![rows.end as u64],
+            });
+        }
+        let (path, f) = &self.files[&e.file];
+        let mut data = vec![0u8; (rows.len() as u64 * row_bytes) as usize];
+        f.read_exact_at(&mut data, e.range.start + rows.start as u64 * row_bytes)
+            .map_err(|err| ModelError::io(path, "read", err))?;
+        let mut shape = e.shape.clone();
+        if let Some(first) = shape.first_mut() {
+            *first = rows.len();
+        }
         Ok(RawTensor {
             dtype: e.dtype,
-            shape: &e.shape,
-            data: &self.maps[&e.file].1[e.range.clone()],
+            shape,
+            data,
         })
+    }
+
+    /// Tensor `name`, from either weight file.
+    pub fn raw(&self, name: &str) -> Result<RawTensor, ModelError> {
+        let rows = self
+            .index
+            .get(name)
+            .and_then(|e| e.shape.first().copied())
+            .unwrap_or(1);
+        self.raw_rows(name, 0..rows)
     }
 
     /// Tensor `name` as f32 values (row-major, PyTorch order).

@@ -151,6 +151,12 @@ pub struct RopeScaling {
     pub interleaved: bool,
     /// Rotary pairs per section (t, h, w): 24, 20, 20.
     pub mrope_section: Vec<u32>,
+    /// The rope initialiser of transformers (`default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_type: Option<String>,
+    /// The same, under its older key.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
 }
 
 /// `talker_config.code_predictor_config`.
@@ -280,15 +286,26 @@ pub fn parse_json<T: for<'de> Deserialize<'de>>(text: &str, path: &Path) -> Resu
             // serde's text is "missing field `x` at line.." or "invalid type: .., expected ..".
             let (expected, found) = match msg.split_once(", expected ") {
                 Some((found, expected)) => (
-                    expected.split(" at line").next().unwrap_or(expected).to_owned(),
+                    expected
+                        .split(" at line")
+                        .next()
+                        .unwrap_or(expected)
+                        .to_owned(),
                     found.to_owned(),
                 ),
-                None => ("a value".to_owned(), msg.split(" at line").next().unwrap_or(&msg).to_owned()),
+                None => (
+                    "a value".to_owned(),
+                    msg.split(" at line").next().unwrap_or(&msg).to_owned(),
+                ),
             };
             let field = match msg.strip_prefix("missing field `") {
                 Some(rest) => {
                     let name = rest.split('`').next().unwrap_or("");
-                    if field == "." { name.to_owned() } else { format!("{field}.{name}") }
+                    if field == "." {
+                        name.to_owned()
+                    } else {
+                        format!("{field}.{name}")
+                    }
                 }
                 None => field,
             };
@@ -350,7 +367,10 @@ impl CheckpointConfig {
             return bad(
                 &cfg,
                 "talker_config.num_key_value_heads",
-                format!("a divisor of num_attention_heads ({})", t.num_attention_heads),
+                format!(
+                    "a divisor of num_attention_heads ({})",
+                    t.num_attention_heads
+                ),
                 t.num_key_value_heads.to_string(),
             );
         }
@@ -358,7 +378,10 @@ impl CheckpointConfig {
             return bad(
                 &cfg,
                 "talker_config.code_predictor_config.num_key_value_heads",
-                format!("a divisor of num_attention_heads ({})", cp.num_attention_heads),
+                format!(
+                    "a divisor of num_attention_heads ({})",
+                    cp.num_attention_heads
+                ),
                 cp.num_key_value_heads.to_string(),
             );
         }
@@ -376,7 +399,10 @@ impl CheckpointConfig {
                 &cfg,
                 "talker_config.num_code_groups",
                 "16 in the talker, the code predictor and the decoder".into(),
-                format!("{}, {}, {}", t.num_code_groups, cp.num_code_groups, d.num_quantizers),
+                format!(
+                    "{}, {}, {}",
+                    t.num_code_groups, cp.num_code_groups, d.num_quantizers
+                ),
             );
         }
         if cp.vocab_size != d.codebook_size {
@@ -441,7 +467,13 @@ impl CheckpointConfig {
                 );
             }
         }
-        if self.tts.tts_model_type == ModelType::Base && self.tts.speaker_encoder_config.enc_dim.is_some_and(|e| e != t.hidden_size) {
+        if self.tts.tts_model_type == ModelType::Base
+            && self
+                .tts
+                .speaker_encoder_config
+                .enc_dim
+                .is_some_and(|e| e != t.hidden_size)
+        {
             return bad(
                 &cfg,
                 "speaker_encoder_config.enc_dim",
@@ -449,7 +481,11 @@ impl CheckpointConfig {
                 format!("{:?}", self.tts.speaker_encoder_config.enc_dim),
             );
         }
-        let product: u32 = d.upsample_rates.iter().chain(&d.upsampling_ratios).product();
+        let product: u32 = d
+            .upsample_rates
+            .iter()
+            .chain(&d.upsampling_ratios)
+            .product();
         if product != self.speech_tokenizer.decode_upsample_rate || d.codebook_dim % 2 != 0 {
             return bad(
                 &st,
@@ -461,7 +497,9 @@ impl CheckpointConfig {
                 format!("{:?} × {:?}", d.upsample_rates, d.upsampling_ratios),
             );
         }
-        if d.decoder_dim % (1 << d.upsample_rates.len()) != 0 || d.num_attention_heads * d.head_dim == 0 {
+        if d.decoder_dim % (1 << d.upsample_rates.len()) != 0
+            || d.num_attention_heads * d.head_dim == 0
+        {
             return bad(
                 &st,
                 "decoder_config.decoder_dim",
@@ -589,6 +627,8 @@ impl Preset {
                     rope_scaling: RopeScaling {
                         interleaved: true,
                         mrope_section: vec![24, 20, 20],
+                        rope_type: Some("default".into()),
+                        kind: Some("default".into()),
                     },
                     max_position_embeddings: 32768,
                     vocab_size: 3072,
@@ -675,20 +715,40 @@ impl CheckpointConfig {
         // The fields the official loader dispatches on.
         tts["architectures"] = serde_json::json!(["Qwen3TTSForConditionalGeneration"]);
         tts["model_type"] = "qwen3_tts".into();
-        let mut stc = serde_json::to_value(&self.speech_tokenizer).map_err(|e| ModelError::Parse {
-            path: st.join("config.json"),
-            message: e.to_string(),
-        })?;
+        let mut stc =
+            serde_json::to_value(&self.speech_tokenizer).map_err(|e| ModelError::Parse {
+                path: st.join("config.json"),
+                message: e.to_string(),
+            })?;
         stc["architectures"] = serde_json::json!(["Qwen3TTSTokenizerV2Model"]);
         stc["model_type"] = "qwen3_tts_tokenizer_12hz".into();
         let gen = serde_json::to_value(&self.generation).map_err(|e| ModelError::Parse {
             path: dir.join("generation_config.json"),
             message: e.to_string(),
         })?;
+        // The two feature-extractor files the official loader opens (values of the released files).
+        let processor = serde_json::json!({
+            "padding_side": "left",
+            "padding_value": 0.0,
+            "processor_class": "Qwen3TTSProcessor",
+            "return_attention_mask": true
+        });
+        let extractor = serde_json::json!({
+            "chunk_length_s": null,
+            "feature_extractor_type": "EncodecFeatureExtractor",
+            "feature_size": 1,
+            "overlap": null,
+            "padding_side": "right",
+            "padding_value": 0.0,
+            "return_attention_mask": true,
+            "sampling_rate": self.speech_tokenizer.input_sample_rate
+        });
         for (path, value) in [
             (dir.join("config.json"), tts),
             (dir.join("generation_config.json"), gen),
             (st.join("config.json"), stc),
+            (dir.join("preprocessor_config.json"), processor),
+            (st.join("preprocessor_config.json"), extractor),
         ] {
             let text = serde_json::to_string_pretty(&value).unwrap_or_default();
             std::fs::write(&path, text).map_err(|e| ModelError::io(&path, "write", e))?;

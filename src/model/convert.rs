@@ -186,7 +186,8 @@ pub fn read_vocab(dir: &Path, ckpt: &Checkpoint) -> Result<Vocab, ModelError> {
         }
     }
     let merges_path = dir.join("merges.txt");
-    let text = std::fs::read_to_string(&merges_path).map_err(|e| ModelError::io(&merges_path, "read", e))?;
+    let text = std::fs::read_to_string(&merges_path)
+        .map_err(|e| ModelError::io(&merges_path, "read", e))?;
     let merges = text
         .lines()
         .filter(|l| !l.starts_with("#version") && !l.is_empty())
@@ -212,40 +213,91 @@ fn talker_metadata(ckpt: &Checkpoint, vocab: &Vocab, ty: OutType) -> Result<Plan
     p.set("general.name", Value::Str(model_name(ckpt)));
     p.set("general.file_type", Value::U32(ty.file_type()));
     p.set("general.quantization_version", Value::U32(2));
-    p.set(format!("{a}.context_length"), Value::U32(t.max_position_embeddings));
+    p.set(
+        format!("{a}.context_length"),
+        Value::U32(t.max_position_embeddings),
+    );
     p.set(format!("{a}.embedding_length"), Value::U32(t.hidden_size));
     p.set(format!("{a}.block_count"), Value::U32(t.num_hidden_layers));
-    p.set(format!("{a}.feed_forward_length"), Value::U32(t.intermediate_size));
-    p.set(format!("{a}.attention.head_count"), Value::U32(t.num_attention_heads));
-    p.set(format!("{a}.attention.head_count_kv"), Value::U32(t.num_key_value_heads));
+    p.set(
+        format!("{a}.feed_forward_length"),
+        Value::U32(t.intermediate_size),
+    );
+    p.set(
+        format!("{a}.attention.head_count"),
+        Value::U32(t.num_attention_heads),
+    );
+    p.set(
+        format!("{a}.attention.head_count_kv"),
+        Value::U32(t.num_key_value_heads),
+    );
     p.set(format!("{a}.attention.key_length"), Value::U32(t.head_dim));
-    p.set(format!("{a}.attention.value_length"), Value::U32(t.head_dim));
-    p.set(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(t.rms_norm_eps as f32));
-    p.set(format!("{a}.rope.freq_base"), Value::F32(t.rope_theta as f32));
-    let mut sections: Vec<i32> = t.rope_scaling.mrope_section.iter().map(|&x| x as i32).collect();
+    p.set(
+        format!("{a}.attention.value_length"),
+        Value::U32(t.head_dim),
+    );
+    p.set(
+        format!("{a}.attention.layer_norm_rms_epsilon"),
+        Value::F32(t.rms_norm_eps as f32),
+    );
+    p.set(
+        format!("{a}.rope.freq_base"),
+        Value::F32(t.rope_theta as f32),
+    );
+    let mut sections: Vec<i32> = t
+        .rope_scaling
+        .mrope_section
+        .iter()
+        .map(|&x| x as i32)
+        .collect();
     sections.resize(4, 0);
-    p.set(format!("{a}.rope.dimension_sections"), Value::Array(Array::I32(sections)));
+    p.set(
+        format!("{a}.rope.dimension_sections"),
+        Value::Array(Array::I32(sections)),
+    );
     p.set("tokenizer.ggml.model", Value::Str("gpt2".into()));
     p.set("tokenizer.ggml.pre", Value::Str("qwen2".into()));
-    p.set("tokenizer.ggml.tokens", Value::Array(Array::Str(vocab.tokens.clone())));
-    p.set("tokenizer.ggml.token_type", Value::Array(Array::I32(vocab.types.clone())));
-    p.set("tokenizer.ggml.merges", Value::Array(Array::Str(vocab.merges.clone())));
+    p.set(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::Str(vocab.tokens.clone())),
+    );
+    p.set(
+        "tokenizer.ggml.token_type",
+        Value::Array(Array::I32(vocab.types.clone())),
+    );
+    p.set(
+        "tokenizer.ggml.merges",
+        Value::Array(Array::Str(vocab.merges.clone())),
+    );
     let n_text = t.text_vocab_size;
-    p.set("tokenizer.ggml.eos_token_id", Value::U32(n_text + t.codec_eos_token_id));
+    p.set(
+        "tokenizer.ggml.eos_token_id",
+        Value::U32(n_text + t.codec_eos_token_id),
+    );
     p.set("tokenizer.ggml.add_bos_token", Value::Bool(false));
     p.set("tokenizer.ggml.add_eos_token", Value::Bool(false));
-    let suppress: Vec<i32> = (n_text + ckpt.config.speech_tokenizer.decoder_config.codebook_size..n_text + t.vocab_size)
+    let suppress: Vec<i32> = (n_text + ckpt.config.speech_tokenizer.decoder_config.codebook_size
+        ..n_text + t.vocab_size)
         .filter(|&id| id != n_text + t.codec_eos_token_id)
         .map(|id| id as i32)
         .collect();
-    p.set("tokenizer.ggml.suppress_tokens", Value::Array(Array::I32(suppress)));
+    p.set(
+        "tokenizer.ggml.suppress_tokens",
+        Value::Array(Array::I32(suppress)),
+    );
     hf_json(&mut p, ckpt)?;
     Ok(p)
 }
 
 fn hf_json(p: &mut Plan, ckpt: &Checkpoint) -> Result<(), ModelError> {
-    p.set(KEY_HF_CONFIG, Value::Str(json_text(&ckpt.dir.join("config.json"))?));
-    p.set(KEY_HF_GENERATION, Value::Str(json_text(&ckpt.dir.join("generation_config.json"))?));
+    p.set(
+        KEY_HF_CONFIG,
+        Value::Str(json_text(&ckpt.dir.join("config.json"))?),
+    );
+    p.set(
+        KEY_HF_GENERATION,
+        Value::Str(json_text(&ckpt.dir.join("generation_config.json"))?),
+    );
     let st = ckpt.dir.join("speech_tokenizer").join("config.json");
     p.set(KEY_HF_SPEECH_TOKENIZER, Value::Str(json_text(&st)?));
     Ok(())
@@ -253,7 +305,11 @@ fn hf_json(p: &mut Plan, ckpt: &Checkpoint) -> Result<(), ModelError> {
 
 fn model_name(ckpt: &Checkpoint) -> String {
     let c = &ckpt.config.tts;
-    format!("Qwen3-TTS-12Hz-{}-{}", c.tts_model_size, c.tts_model_type.as_str())
+    format!(
+        "Qwen3-TTS-12Hz-{}-{}",
+        c.tts_model_size,
+        c.tts_model_type.as_str()
+    )
 }
 
 fn mmproj_metadata(ckpt: &Checkpoint, ty: OutType) -> Result<Plan, ModelError> {
@@ -266,20 +322,38 @@ fn mmproj_metadata(ckpt: &Checkpoint, ty: OutType) -> Result<Plan, ModelError> {
     p.set("general.file_type", Value::U32(ty.file_type()));
     p.set("general.quantization_version", Value::U32(2));
     p.set("clip.has_gen_audio_encoder", Value::Bool(true));
-    p.set("clip.gen.audio.projector_type", Value::Str("qwen3tts_gen".into()));
+    p.set(
+        "clip.gen.audio.projector_type",
+        Value::Str("qwen3tts_gen".into()),
+    );
     let g = "clip.gen.audio";
     p.set(format!("{g}.embedding_length"), Value::U32(cp.hidden_size));
-    p.set(format!("{g}.attention.head_count"), Value::U32(cp.num_attention_heads));
-    p.set(format!("{g}.attention.head_count_kv"), Value::U32(cp.num_key_value_heads));
-    p.set(format!("{g}.feed_forward_length"), Value::U32(cp.intermediate_size));
+    p.set(
+        format!("{g}.attention.head_count"),
+        Value::U32(cp.num_attention_heads),
+    );
+    p.set(
+        format!("{g}.attention.head_count_kv"),
+        Value::U32(cp.num_key_value_heads),
+    );
+    p.set(
+        format!("{g}.feed_forward_length"),
+        Value::U32(cp.intermediate_size),
+    );
     p.set(format!("{g}.block_count"), Value::U32(cp.num_hidden_layers));
     p.set(format!("{g}.projection_dim"), Value::U32(t.hidden_size));
-    p.set(format!("{g}.attention.layer_norm_epsilon"), Value::F32(cp.rms_norm_eps as f32));
+    p.set(
+        format!("{g}.attention.layer_norm_epsilon"),
+        Value::F32(cp.rms_norm_eps as f32),
+    );
     if let Some(enc_dim) = ckpt.config.tts.speaker_encoder_config.enc_dim {
         // The speaker encoder's keys; llama.cpp reads the widths from the tensors and requires these
         // (clip.cpp `load_hparams`), with the values its own converter writes.
         p.set("clip.has_audio_encoder", Value::Bool(true));
-        p.set("clip.audio.projector_type", Value::Str("qwen3tts_spkenc".into()));
+        p.set(
+            "clip.audio.projector_type",
+            Value::Str("qwen3tts_spkenc".into()),
+        );
         p.set("clip.audio.embedding_length", Value::U32(1536));
         p.set("clip.audio.attention.head_count", Value::U32(1));
         p.set("clip.audio.feed_forward_length", Value::U32(1536));
@@ -310,7 +384,8 @@ impl TextProjector {
     fn new(ckpt: &Checkpoint) -> Result<Self, ModelError> {
         let t = &ckpt.config.tts.talker_config;
         let (n_in, n_out) = (t.text_hidden_size as usize, t.hidden_size as usize);
-        let floats = n_in * n_in + n_in + n_out * n_in + n_out + Self::ROWS * (2 * n_in + 2 * n_out);
+        let floats =
+            n_in * n_in + n_in + n_out * n_in + n_out + Self::ROWS * (4 * n_in + 2 * n_out);
         let ctx = ffi::Context::new(floats * 4 + (16 << 20)).map_err(ggml_err)?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let pool = ffi::Threadpool::new(threads, &[]).map_err(ggml_err)?;
@@ -374,7 +449,30 @@ pub fn encode(ty: GgmlType, values: &[f32], n_per_row: usize) -> Result<Vec<u8>,
             .iter()
             .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
             .collect(),
-        _ => ffi::quantize(ty, values, n_per_row).map_err(ggml_err)?,
+        _ => {
+            // Rows quantize independently: split them over the cores (same bytes as one call).
+            let rows = values.len() / n_per_row.max(1);
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let per = rows.div_ceil(threads).max(1) * n_per_row;
+            let parts: Vec<Result<Vec<u8>, ffi::GgmlError>> = std::thread::scope(|s| {
+                let handles: Vec<_> = values
+                    .chunks(per)
+                    .map(|c| s.spawn(move || ffi::quantize(ty, c, n_per_row)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or(Err(ffi::GgmlError::Compute { status: -1 }))
+                    })
+                    .collect()
+            });
+            let mut out = Vec::new();
+            for p in parts {
+                out.extend(p.map_err(ggml_err)?);
+            }
+            out
+        }
     })
 }
 
@@ -492,27 +590,24 @@ pub fn convert(
     Ok(Converted { talker, mmproj })
 }
 
-fn write_token_embd(ckpt: &Checkpoint, w: &mut Writer, t: &OutTensor, st: GgmlType) -> Result<(), ModelError> {
+fn write_token_embd(
+    ckpt: &Checkpoint,
+    w: &mut Writer,
+    t: &OutTensor,
+    st: GgmlType,
+) -> Result<(), ModelError> {
     let cfg = &ckpt.config.tts.talker_config;
     let n_text = cfg.text_vocab_size as usize;
-    let th = cfg.text_hidden_size as usize;
     let h = cfg.hidden_size as usize;
-    let emb = ckpt.raw("talker.model.text_embedding.weight")?;
-    let row_bytes = emb.data.len() / n_text;
     let mut proj = TextProjector::new(ckpt)?;
-    let mut x = Vec::with_capacity(TextProjector::ROWS * th);
     let mut y = Vec::with_capacity(TextProjector::ROWS * h);
     w.begin_tensor(&t.name)?;
     let mut r = 0;
     while r < n_text {
         let n = (n_text - r).min(TextProjector::ROWS);
-        let raw = super::checkpoint::RawTensor {
-            dtype: emb.dtype,
-            shape: emb.shape,
-            data: &emb.data[r * row_bytes..(r + n) * row_bytes],
-        };
-        x.clear();
-        x.extend(raw.to_f32());
+        let x = ckpt
+            .raw_rows("talker.model.text_embedding.weight", r..r + n)?
+            .to_f32();
         proj.project(&x, &mut y)?;
         w.write_bytes(&encode(st, &y, h)?)?;
         r += n;

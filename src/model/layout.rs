@@ -99,7 +99,8 @@ impl Out<'_> {
     fn shape(&self, hf: &str) -> Vec<u64> {
         // The spec list is derived from the same config, so every name used below is in it.
         let s = self.specs.iter().find(|s| s.name == hf);
-        s.map(|s| s.shape.iter().rev().copied().collect()).unwrap_or_default()
+        s.map(|s| s.shape.iter().rev().copied().collect())
+            .unwrap_or_default()
     }
 
     fn copy(&mut self, name: impl Into<String>, hf: impl Into<String>, role: Role) {
@@ -184,85 +185,280 @@ pub fn layout(cfg: &CheckpointConfig, specs: &[Spec]) -> Layout {
         source: Source::TokenEmbd,
         role: Role::Matrix,
     });
-    o.copy("output_norm.weight", "talker.model.norm.weight", Role::Vector);
+    o.copy(
+        "output_norm.weight",
+        "talker.model.norm.weight",
+        Role::Vector,
+    );
     o.copy("output.weight", "talker.codec_head.weight", Role::Matrix);
     for i in 0..t.num_hidden_layers {
         let (g, h) = (format!("blk.{i}"), format!("talker.model.layers.{i}"));
-        o.copy(format!("{g}.attn_norm.weight"), format!("{h}.input_layernorm.weight"), Role::Vector);
-        o.copy(format!("{g}.attn_q.weight"), format!("{h}.self_attn.q_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.attn_k.weight"), format!("{h}.self_attn.k_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.attn_v.weight"), format!("{h}.self_attn.v_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.attn_output.weight"), format!("{h}.self_attn.o_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.attn_q_norm.weight"), format!("{h}.self_attn.q_norm.weight"), Role::Vector);
-        o.copy(format!("{g}.attn_k_norm.weight"), format!("{h}.self_attn.k_norm.weight"), Role::Vector);
-        o.copy(format!("{g}.ffn_norm.weight"), format!("{h}.post_attention_layernorm.weight"), Role::Vector);
-        o.copy(format!("{g}.ffn_gate.weight"), format!("{h}.mlp.gate_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.ffn_up.weight"), format!("{h}.mlp.up_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.ffn_down.weight"), format!("{h}.mlp.down_proj.weight"), Role::Matrix);
+        o.copy(
+            format!("{g}.attn_norm.weight"),
+            format!("{h}.input_layernorm.weight"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{g}.attn_q.weight"),
+            format!("{h}.self_attn.q_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.attn_k.weight"),
+            format!("{h}.self_attn.k_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.attn_v.weight"),
+            format!("{h}.self_attn.v_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.attn_output.weight"),
+            format!("{h}.self_attn.o_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.attn_q_norm.weight"),
+            format!("{h}.self_attn.q_norm.weight"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{g}.attn_k_norm.weight"),
+            format!("{h}.self_attn.k_norm.weight"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{g}.ffn_norm.weight"),
+            format!("{h}.post_attention_layernorm.weight"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{g}.ffn_gate.weight"),
+            format!("{h}.mlp.gate_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.ffn_up.weight"),
+            format!("{h}.mlp.up_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.ffn_down.weight"),
+            format!("{h}.mlp.down_proj.weight"),
+            Role::Matrix,
+        );
     }
     let talker = std::mem::take(&mut o.list);
 
     // Code predictor.
     let c = "talker.code_predictor";
     if cp.hidden_size != t.hidden_size {
-        o.copy("a.gen.code.proj_in.weight", format!("{c}.small_to_mtp_projection.weight"), Role::Matrix);
-        o.copy("a.gen.code.proj_in.bias", format!("{c}.small_to_mtp_projection.bias"), Role::Vector);
+        o.copy(
+            "a.gen.code.proj_in.weight",
+            format!("{c}.small_to_mtp_projection.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            "a.gen.code.proj_in.bias",
+            format!("{c}.small_to_mtp_projection.bias"),
+            Role::Vector,
+        );
     }
     let groups = t.num_code_groups - 1;
-    let embd = (0..groups).map(|g| format!("{c}.model.codec_embedding.{g}.weight")).collect();
+    let embd = (0..groups)
+        .map(|g| format!("{c}.model.codec_embedding.{g}.weight"))
+        .collect();
     o.stack("a.gen.code.embd.weight", embd, Role::Matrix);
-    let heads = (0..groups).map(|g| format!("{c}.lm_head.{g}.weight")).collect();
+    let heads = (0..groups)
+        .map(|g| format!("{c}.lm_head.{g}.weight"))
+        .collect();
     o.stack("a.gen.code.head.weight", heads, Role::Matrix);
-    o.copy("a.gen.code.out_embd.weight", "talker.model.codec_embedding.weight", Role::Matrix);
-    o.copy("a.gen.code.output_norm.weight", format!("{c}.model.norm.weight"), Role::Vector);
+    o.copy(
+        "a.gen.code.out_embd.weight",
+        "talker.model.codec_embedding.weight",
+        Role::Matrix,
+    );
+    o.copy(
+        "a.gen.code.output_norm.weight",
+        format!("{c}.model.norm.weight"),
+        Role::Vector,
+    );
     for l in 0..cp.num_hidden_layers {
-        let (g, h) = (format!("a.gen.code.blk.{l}"), format!("{c}.model.layers.{l}"));
-        o.copy(format!("{g}.ln1.weight"), format!("{h}.input_layernorm.weight"), Role::Vector);
-        o.copy(format!("{g}.attn_q.weight"), format!("{h}.self_attn.q_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.attn_q_norm.weight"), format!("{h}.self_attn.q_norm.weight"), Role::Vector);
-        o.copy(format!("{g}.attn_k.weight"), format!("{h}.self_attn.k_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.attn_k_norm.weight"), format!("{h}.self_attn.k_norm.weight"), Role::Vector);
-        o.copy(format!("{g}.attn_v.weight"), format!("{h}.self_attn.v_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.attn_out.weight"), format!("{h}.self_attn.o_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.ln2.weight"), format!("{h}.post_attention_layernorm.weight"), Role::Vector);
-        o.copy(format!("{g}.ffn_gate.weight"), format!("{h}.mlp.gate_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.ffn_up.weight"), format!("{h}.mlp.up_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.ffn_down.weight"), format!("{h}.mlp.down_proj.weight"), Role::Matrix);
+        let (g, h) = (
+            format!("a.gen.code.blk.{l}"),
+            format!("{c}.model.layers.{l}"),
+        );
+        o.copy(
+            format!("{g}.ln1.weight"),
+            format!("{h}.input_layernorm.weight"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{g}.attn_q.weight"),
+            format!("{h}.self_attn.q_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.attn_q_norm.weight"),
+            format!("{h}.self_attn.q_norm.weight"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{g}.attn_k.weight"),
+            format!("{h}.self_attn.k_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.attn_k_norm.weight"),
+            format!("{h}.self_attn.k_norm.weight"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{g}.attn_v.weight"),
+            format!("{h}.self_attn.v_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.attn_out.weight"),
+            format!("{h}.self_attn.o_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.ln2.weight"),
+            format!("{h}.post_attention_layernorm.weight"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{g}.ffn_gate.weight"),
+            format!("{h}.mlp.gate_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.ffn_up.weight"),
+            format!("{h}.mlp.up_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.ffn_down.weight"),
+            format!("{h}.mlp.down_proj.weight"),
+            Role::Matrix,
+        );
     }
 
     // Decoder (code2wav).
     let q = "decoder.quantizer";
     let n_sem = d.num_semantic_quantizers;
-    for (g, h, n) in [("first", "rvq_first", n_sem), ("rest", "rvq_rest", d.num_quantizers - n_sem)] {
+    for (g, h, n) in [
+        ("first", "rvq_first", n_sem),
+        ("rest", "rvq_rest", d.num_quantizers - n_sem),
+    ] {
         let w = format!("a.gen.wav.quant.{g}");
-        o.copy(format!("{w}.in_proj.weight"), format!("{q}.{h}.input_proj.weight"), Role::Matrix);
-        o.copy(format!("{w}.out_proj.weight"), format!("{q}.{h}.output_proj.weight"), Role::Matrix);
-        let prefixes = (0..n).map(|k| format!("{q}.{h}.vq.layers.{k}._codebook")).collect();
+        o.copy(
+            format!("{w}.in_proj.weight"),
+            format!("{q}.{h}.input_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{w}.out_proj.weight"),
+            format!("{q}.{h}.output_proj.weight"),
+            Role::Matrix,
+        );
+        let prefixes = (0..n)
+            .map(|k| format!("{q}.{h}.vq.layers.{k}._codebook"))
+            .collect();
         o.codebooks(&format!("{w}.codebook.weight"), prefixes);
     }
     o.conv("a.gen.wav.pre_conv", "decoder.pre_conv.conv", Role::Conv);
     let p = "decoder.pre_transformer";
-    o.conv("a.gen.wav.tfm.in_proj", &format!("{p}.input_proj"), Role::Matrix);
-    o.conv("a.gen.wav.tfm.out_proj", &format!("{p}.output_proj"), Role::Matrix);
-    o.copy("a.gen.wav.tfm.output_norm.weight", format!("{p}.norm.weight"), Role::Vector);
+    o.conv(
+        "a.gen.wav.tfm.in_proj",
+        &format!("{p}.input_proj"),
+        Role::Matrix,
+    );
+    o.conv(
+        "a.gen.wav.tfm.out_proj",
+        &format!("{p}.output_proj"),
+        Role::Matrix,
+    );
+    o.copy(
+        "a.gen.wav.tfm.output_norm.weight",
+        format!("{p}.norm.weight"),
+        Role::Vector,
+    );
     for i in 0..d.num_hidden_layers {
         let (g, h) = (format!("a.gen.wav.tfm.blk.{i}"), format!("{p}.layers.{i}"));
-        o.copy(format!("{g}.ln1.weight"), format!("{h}.input_layernorm.weight"), Role::Vector);
-        o.copy(format!("{g}.attn_q.weight"), format!("{h}.self_attn.q_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.attn_k.weight"), format!("{h}.self_attn.k_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.attn_v.weight"), format!("{h}.self_attn.v_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.attn_out.weight"), format!("{h}.self_attn.o_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.ls1.weight"), format!("{h}.self_attn_layer_scale.scale"), Role::Vector);
-        o.copy(format!("{g}.ln2.weight"), format!("{h}.post_attention_layernorm.weight"), Role::Vector);
-        o.copy(format!("{g}.ffn_gate.weight"), format!("{h}.mlp.gate_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.ffn_up.weight"), format!("{h}.mlp.up_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.ffn_down.weight"), format!("{h}.mlp.down_proj.weight"), Role::Matrix);
-        o.copy(format!("{g}.ls2.weight"), format!("{h}.mlp_layer_scale.scale"), Role::Vector);
+        o.copy(
+            format!("{g}.ln1.weight"),
+            format!("{h}.input_layernorm.weight"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{g}.attn_q.weight"),
+            format!("{h}.self_attn.q_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.attn_k.weight"),
+            format!("{h}.self_attn.k_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.attn_v.weight"),
+            format!("{h}.self_attn.v_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.attn_out.weight"),
+            format!("{h}.self_attn.o_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.ls1.weight"),
+            format!("{h}.self_attn_layer_scale.scale"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{g}.ln2.weight"),
+            format!("{h}.post_attention_layernorm.weight"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{g}.ffn_gate.weight"),
+            format!("{h}.mlp.gate_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.ffn_up.weight"),
+            format!("{h}.mlp.up_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.ffn_down.weight"),
+            format!("{h}.mlp.down_proj.weight"),
+            Role::Matrix,
+        );
+        o.copy(
+            format!("{g}.ls2.weight"),
+            format!("{h}.mlp_layer_scale.scale"),
+            Role::Vector,
+        );
     }
     for u in 0..d.upsampling_ratios.len() {
-        let (g, h) = (format!("a.gen.wav.up.blk.{u}"), format!("decoder.upsample.{u}"));
-        o.conv(&format!("{g}.conv"), &format!("{h}.0.conv"), Role::ConvTranspose);
-        o.conv(&format!("{g}.dwconv"), &format!("{h}.1.dwconv.conv"), Role::Conv);
+        let (g, h) = (
+            format!("a.gen.wav.up.blk.{u}"),
+            format!("decoder.upsample.{u}"),
+        );
+        o.conv(
+            &format!("{g}.conv"),
+            &format!("{h}.0.conv"),
+            Role::ConvTranspose,
+        );
+        o.conv(
+            &format!("{g}.dwconv"),
+            &format!("{h}.1.dwconv.conv"),
+            Role::Conv,
+        );
         o.conv(&format!("{g}.norm"), &format!("{h}.1.norm"), Role::Vector);
         o.conv(&format!("{g}.pw1"), &format!("{h}.1.pwconv1"), Role::Matrix);
         o.conv(&format!("{g}.pw2"), &format!("{h}.1.pwconv2"), Role::Matrix);
@@ -270,34 +466,74 @@ pub fn layout(cfg: &CheckpointConfig, specs: &[Spec]) -> Layout {
     }
     o.conv("a.gen.wav.dac.entry", "decoder.decoder.0.conv", Role::Conv);
     for b in 0..d.upsample_rates.len() {
-        let (g, h) = (format!("a.gen.wav.dac.blk.{b}"), format!("decoder.decoder.{}.block", b + 1));
+        let (g, h) = (
+            format!("a.gen.wav.dac.blk.{b}"),
+            format!("decoder.decoder.{}.block", b + 1),
+        );
         o.snake(&format!("{g}.snake"), &format!("{h}.0"));
-        o.conv(&format!("{g}.conv"), &format!("{h}.1.conv"), Role::ConvTranspose);
+        o.conv(
+            &format!("{g}.conv"),
+            &format!("{h}.1.conv"),
+            Role::ConvTranspose,
+        );
         for j in 0..3 {
             let (gr, hr) = (format!("{g}.res.{j}"), format!("{h}.{}", j + 2));
             o.snake(&format!("{gr}.act1"), &format!("{hr}.act1"));
-            o.conv(&format!("{gr}.conv1"), &format!("{hr}.conv1.conv"), Role::Conv);
+            o.conv(
+                &format!("{gr}.conv1"),
+                &format!("{hr}.conv1.conv"),
+                Role::Conv,
+            );
             o.snake(&format!("{gr}.act2"), &format!("{hr}.act2"));
-            o.conv(&format!("{gr}.conv2"), &format!("{hr}.conv2.conv"), Role::Conv);
+            o.conv(
+                &format!("{gr}.conv2"),
+                &format!("{hr}.conv2.conv"),
+                Role::Conv,
+            );
         }
     }
     let n = d.upsample_rates.len() + 1;
     o.snake("a.gen.wav.dac.post_snake", &format!("decoder.decoder.{n}"));
-    o.conv("a.gen.wav.dac.post_conv", &format!("decoder.decoder.{}.conv", n + 1), Role::Conv);
+    o.conv(
+        "a.gen.wav.dac.post_conv",
+        &format!("decoder.decoder.{}.conv", n + 1),
+        Role::Conv,
+    );
 
     // Speaker encoder (Base models).
-    if cfg.tts.tts_model_type == ModelType::Base && cfg.tts.speaker_encoder_config.enc_dim.is_some() {
+    if cfg.tts.tts_model_type == ModelType::Base && cfg.tts.speaker_encoder_config.enc_dim.is_some()
+    {
         let s = "speaker_encoder";
         o.conv("a.conv1d.0", &format!("{s}.blocks.0.conv"), Role::Small);
         for b in 1..4 {
             let (g, h) = (format!("a.blk.{b}"), format!("{s}.blocks.{b}"));
-            o.conv(&format!("{g}.conv_pw1"), &format!("{h}.tdnn1.conv"), Role::Small);
+            o.conv(
+                &format!("{g}.conv_pw1"),
+                &format!("{h}.tdnn1.conv"),
+                Role::Small,
+            );
             for x in 0..7 {
-                o.conv(&format!("{g}.res2.{x}"), &format!("{h}.res2net_block.blocks.{x}.conv"), Role::Small);
+                o.conv(
+                    &format!("{g}.res2.{x}"),
+                    &format!("{h}.res2net_block.blocks.{x}.conv"),
+                    Role::Small,
+                );
             }
-            o.conv(&format!("{g}.conv_pw2"), &format!("{h}.tdnn2.conv"), Role::Small);
-            o.conv(&format!("{g}.se_conv1"), &format!("{h}.se_block.conv1"), Role::Small);
-            o.conv(&format!("{g}.se_conv2"), &format!("{h}.se_block.conv2"), Role::Small);
+            o.conv(
+                &format!("{g}.conv_pw2"),
+                &format!("{h}.tdnn2.conv"),
+                Role::Small,
+            );
+            o.conv(
+                &format!("{g}.se_conv1"),
+                &format!("{h}.se_block.conv1"),
+                Role::Small,
+            );
+            o.conv(
+                &format!("{g}.se_conv2"),
+                &format!("{h}.se_block.conv2"),
+                Role::Small,
+            );
         }
         o.conv("a.conv_out", &format!("{s}.mfa.conv"), Role::Small);
         o.conv("a.asp_tdnn", &format!("{s}.asp.tdnn.conv"), Role::Small);

@@ -20,7 +20,7 @@ use rand_chacha::ChaCha8Rng;
 use safetensors::tensor::{Dtype, View};
 
 use super::checkpoint::{expected_tensors, CheckpointFile, Init, Spec};
-use super::config::Preset;
+use super::config::{CheckpointConfig, Preset};
 use crate::error::ModelError;
 
 const CHUNK: usize = 1 << 20;
@@ -49,8 +49,14 @@ impl Gen {
 
 fn fill(spec: &Spec, seed: u64, index: u64, chunk: usize, out: &mut [u8]) {
     let stream = (index << 32) ^ chunk as u64;
-    let mut g = Gen(ChaCha8Rng::seed_from_u64(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-    let damp = if spec.name.contains(".conv2.conv.") { 0.3 } else { 1.0 };
+    let mut g = Gen(ChaCha8Rng::seed_from_u64(
+        seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    ));
+    let damp = if spec.name.contains(".conv2.conv.") {
+        0.3
+    } else {
+        1.0
+    };
     for b in out.chunks_exact_mut(2) {
         let x = match spec.init {
             Init::FanIn(fan) => g.normal() / (fan as f32).sqrt(),
@@ -112,7 +118,18 @@ pub fn write_random_checkpoint(
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(), ModelError> {
-    let cfg = preset.config();
+    write_random_checkpoint_with(&preset.config(), seed, tokenizer_dir, out, progress)
+}
+
+/// [`write_random_checkpoint`] for any consistent configs (test models of other geometries).
+pub fn write_random_checkpoint_with(
+    cfg: &CheckpointConfig,
+    seed: u64,
+    tokenizer_dir: &Path,
+    out: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), ModelError> {
+    cfg.check(out)?;
     for f in ["vocab.json", "merges.txt", "tokenizer_config.json"] {
         let src = tokenizer_dir.join(f);
         if !src.is_file() {
@@ -129,8 +146,11 @@ pub fn write_random_checkpoint(
         let (src, dst) = (tokenizer_dir.join(f), out.join(f));
         std::fs::copy(&src, &dst).map_err(|e| ModelError::io(&dst, "copy", e))?;
     }
-    let specs = expected_tensors(&cfg);
-    let total: u64 = specs.iter().map(|s| s.shape.iter().product::<u64>() * 2).sum();
+    let specs = expected_tensors(cfg);
+    let total: u64 = specs
+        .iter()
+        .map(|s| s.shape.iter().product::<u64>() * 2)
+        .sum();
     let mut done = 0u64;
     for file in [CheckpointFile::Talker, CheckpointFile::SpeechTokenizer] {
         let views: Vec<(String, Lazy<'_>)> = specs

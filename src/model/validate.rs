@@ -34,7 +34,12 @@ impl<'a> Check<'a> {
         })
     }
 
-    fn bad_key(&self, key: &str, expected: impl Into<String>, found: impl Into<String>) -> ModelError {
+    fn bad_key(
+        &self,
+        key: &str,
+        expected: impl Into<String>,
+        found: impl Into<String>,
+    ) -> ModelError {
         ModelError::BadKey {
             path: self.path.into(),
             key: key.into(),
@@ -195,7 +200,11 @@ pub fn check_talker(path: &Path, h: &Header) -> Result<TalkerGeometry, ModelErro
     let kv_key = format!("{a}.attention.head_count_kv");
     let n_head_kv = c.u32_in(&kv_key, 1..=n_head)?;
     if n_head % n_head_kv != 0 {
-        return Err(c.bad_key(&kv_key, format!("a divisor of head_count ({n_head})"), n_head_kv.to_string()));
+        return Err(c.bad_key(
+            &kv_key,
+            format!("a divisor of head_count ({n_head})"),
+            n_head_kv.to_string(),
+        ));
     }
     let head_dim = c.u32_in(&format!("{a}.attention.key_length"), 2..=1024)?;
     c.u32_in(&format!("{a}.attention.value_length"), head_dim..=head_dim)?;
@@ -204,18 +213,35 @@ pub fn check_talker(path: &Path, h: &Header) -> Result<TalkerGeometry, ModelErro
     let sec_key = format!("{a}.rope.dimension_sections");
     let sections = c.key(&sec_key)?.as_array().and_then(Array::to_i64s);
     match sections {
-        Some(s) if s.len() == 4 && s.iter().all(|&x| x >= 0) && s.iter().sum::<i64>() > 0
-            && s.iter().sum::<i64>() * 2 <= head_dim as i64 => {}
-        _ => return Err(c.bad_key(&sec_key, "4 non-negative sections, sum in 1..=head_dim/2", format!("{sections:?}"))),
+        Some(s)
+            if s.len() == 4
+                && s.iter().all(|&x| x >= 0)
+                && s.iter().sum::<i64>() > 0
+                && s.iter().sum::<i64>() * 2 <= head_dim as i64 => {}
+        _ => {
+            return Err(c.bad_key(
+                &sec_key,
+                "4 non-negative sections, sum in 1..=head_dim/2",
+                format!("{sections:?}"),
+            ))
+        }
     }
     if let Some(v) = h.get(&format!("{a}.rope.dimension_count")) {
         if v.as_i64() != Some(head_dim as i64) {
-            return Err(c.bad_key(&format!("{a}.rope.dimension_count"), format!("key_length ({head_dim})"), format!("{v:?}")));
+            return Err(c.bad_key(
+                &format!("{a}.rope.dimension_count"),
+                format!("key_length ({head_dim})"),
+                format!("{v:?}"),
+            ));
         }
     }
     if let Some(v) = h.get(&format!("{a}.n_deepstack_layers")) {
         if v.as_i64() != Some(0) {
-            return Err(c.bad_key(&format!("{a}.n_deepstack_layers"), "0 or absent", format!("{v:?}")));
+            return Err(c.bad_key(
+                &format!("{a}.n_deepstack_layers"),
+                "0 or absent",
+                format!("{v:?}"),
+            ));
         }
     }
 
@@ -224,15 +250,29 @@ pub fn check_talker(path: &Path, h: &Header) -> Result<TalkerGeometry, ModelErro
     c.optional_type("tokenizer.ggml.pre", "string")?;
     let tokens = match c.key("tokenizer.ggml.tokens")? {
         Value::Array(Array::Str(t)) => t,
-        v => return Err(c.bad_key("tokenizer.ggml.tokens", "an array of strings", v.type_name())),
+        v => {
+            return Err(c.bad_key(
+                "tokenizer.ggml.tokens",
+                "an array of strings",
+                v.type_name(),
+            ))
+        }
     };
     let n_vocab = tokens.len() as u64;
     if n_vocab < CODEC_VOCAB + 1 {
-        return Err(c.bad_key("tokenizer.ggml.tokens", format!("more than {CODEC_VOCAB} tokens"), n_vocab.to_string()));
+        return Err(c.bad_key(
+            "tokenizer.ggml.tokens",
+            format!("more than {CODEC_VOCAB} tokens"),
+            n_vocab.to_string(),
+        ));
     }
     let mut seen = std::collections::HashSet::with_capacity(tokens.len());
     if let Some(dup) = tokens.iter().find(|t| !seen.insert(t.as_str())) {
-        return Err(c.bad_key("tokenizer.ggml.tokens", "unique token strings", format!("'{dup}' twice")));
+        return Err(c.bad_key(
+            "tokenizer.ggml.tokens",
+            "unique token strings",
+            format!("'{dup}' twice"),
+        ));
     }
     let n_text = n_vocab - CODEC_VOCAB;
     if tokens[n_text as usize] != "<|codec_0|>" {
@@ -242,41 +282,88 @@ pub fn check_talker(path: &Path, h: &Header) -> Result<TalkerGeometry, ModelErro
             format!("'{}'", tokens[n_text as usize]),
         ));
     }
-    for special in ["<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>", "<|codec_eos_token|>", "<|codec_pad|>", "<|codec_bos|>"] {
+    for special in [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<tts_pad>",
+        "<tts_text_bos>",
+        "<tts_text_eod>",
+        "<|codec_eos_token|>",
+        "<|codec_pad|>",
+        "<|codec_bos|>",
+    ] {
         if !tokens.iter().any(|t| t == special) {
-            return Err(c.bad_key("tokenizer.ggml.tokens", format!("a token '{special}'"), "none"));
+            return Err(c.bad_key(
+                "tokenizer.ggml.tokens",
+                format!("a token '{special}'"),
+                "none",
+            ));
         }
     }
     match c.key("tokenizer.ggml.token_type")? {
         Value::Array(Array::I32(t)) if t.len() as u64 == n_vocab => {}
-        Value::Array(a) => return Err(c.bad_key("tokenizer.ggml.token_type", format!("{n_vocab} i32"), format!("{} items of another or the same type", a.len()))),
+        Value::Array(a) => {
+            return Err(c.bad_key(
+                "tokenizer.ggml.token_type",
+                format!("{n_vocab} i32"),
+                format!("{} items of another or the same type", a.len()),
+            ))
+        }
         v => return Err(c.bad_key("tokenizer.ggml.token_type", "an i32 array", v.type_name())),
     }
     match c.key("tokenizer.ggml.merges")? {
         Value::Array(Array::Str(_)) => {}
-        v => return Err(c.bad_key("tokenizer.ggml.merges", "an array of strings", v.type_name())),
+        v => {
+            return Err(c.bad_key(
+                "tokenizer.ggml.merges",
+                "an array of strings",
+                v.type_name(),
+            ))
+        }
     }
-    for key in ["bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "mask"] {
+    for key in [
+        "bos",
+        "eos",
+        "eot",
+        "eom",
+        "unknown",
+        "seperator",
+        "padding",
+        "mask",
+    ] {
         let key = format!("tokenizer.ggml.{key}_token_id");
         if let Some(v) = h.get(&key) {
             match v {
                 Value::U32(id) if (*id as u64) < n_vocab => {}
-                v => return Err(c.bad_key(&key, format!("a u32 below {n_vocab}"), format!("{v:?}"))),
+                v => {
+                    return Err(c.bad_key(&key, format!("a u32 below {n_vocab}"), format!("{v:?}")))
+                }
             }
         }
     }
-    for key in ["tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token"] {
+    for key in [
+        "tokenizer.ggml.add_bos_token",
+        "tokenizer.ggml.add_eos_token",
+    ] {
         c.optional_type(key, "bool")?;
     }
     if let Some(v) = h.get("tokenizer.ggml.suppress_tokens") {
         if !matches!(v, Value::Array(Array::I32(_))) {
-            return Err(c.bad_key("tokenizer.ggml.suppress_tokens", "an i32 array", v.type_name()));
+            return Err(c.bad_key(
+                "tokenizer.ggml.suppress_tokens",
+                "an i32 array",
+                v.type_name(),
+            ));
         }
     }
 
     // Tensors: exactly the 3 + 11 per layer llama.cpp creates, with their shapes.
     if n_embd * n_vocab > u32::MAX as u64 {
-        return Err(c.bad_key("tokenizer.ggml.tokens", "a token embedding of at most 2^32 elements", format!("{n_vocab} × {n_embd}")));
+        return Err(c.bad_key(
+            "tokenizer.ggml.tokens",
+            "a token embedding of at most 2^32 elements",
+            format!("{n_vocab} × {n_embd}"),
+        ));
     }
     c.tensor("token_embd.weight", &[n_embd, n_vocab], MATRIX)?;
     c.vector("output_norm.weight", n_embd)?;
@@ -301,9 +388,20 @@ pub fn check_talker(path: &Path, h: &Header) -> Result<TalkerGeometry, ModelErro
         let extra = h
             .tensors
             .iter()
-            .find(|t| !(t.name.starts_with("blk.") || ["token_embd.weight", "output_norm.weight", "output.weight"].contains(&t.name.as_str())))
-            .map_or_else(|| "a layer beyond block_count".to_owned(), |t| t.name.clone());
-        return Err(c.bad_key(&format!("{a}.block_count"), format!("{expected} tensors for {n_layer} layers"), format!("{} tensors (e.g. '{extra}')", h.tensors.len())));
+            .find(|t| {
+                !(t.name.starts_with("blk.")
+                    || ["token_embd.weight", "output_norm.weight", "output.weight"]
+                        .contains(&t.name.as_str()))
+            })
+            .map_or_else(
+                || "a layer beyond block_count".to_owned(),
+                |t| t.name.clone(),
+            );
+        return Err(c.bad_key(
+            &format!("{a}.block_count"),
+            format!("{expected} tensors for {n_layer} layers"),
+            format!("{} tensors (e.g. '{extra}')", h.tensors.len()),
+        ));
     }
     Ok(TalkerGeometry {
         n_embd,
@@ -330,15 +428,27 @@ pub fn check_mmproj(path: &Path, h: &Header) -> Result<(), ModelError> {
         c.optional_type(key, "string")?;
     }
     if let Some(v) = h.get("clip.projector_type") {
-        return Err(c.bad_key("clip.projector_type", "absent (one projector type per modality)", format!("{v:?}")));
+        return Err(c.bad_key(
+            "clip.projector_type",
+            "absent (one projector type per modality)",
+            format!("{v:?}"),
+        ));
     }
     if let Some(v) = h.get("clip.has_vision_encoder") {
         if v != &Value::Bool(false) {
-            return Err(c.bad_key("clip.has_vision_encoder", "false or absent", format!("{v:?}")));
+            return Err(c.bad_key(
+                "clip.has_vision_encoder",
+                "false or absent",
+                format!("{v:?}"),
+            ));
         }
     }
     if c.key("clip.has_gen_audio_encoder")? != &Value::Bool(true) {
-        return Err(c.bad_key("clip.has_gen_audio_encoder", "true", format!("{:?}", h.get("clip.has_gen_audio_encoder"))));
+        return Err(c.bad_key(
+            "clip.has_gen_audio_encoder",
+            "true",
+            format!("{:?}", h.get("clip.has_gen_audio_encoder")),
+        ));
     }
     c.str_is("clip.gen.audio.projector_type", "qwen3tts_gen")?;
     let g = "clip.gen.audio";
@@ -374,7 +484,11 @@ pub fn check_mmproj(path: &Path, h: &Header) -> Result<(), ModelError> {
         });
     }
     c.tensor("a.gen.code.head.weight", &[n_cp, n_codes, n_groups], MATRIX)?;
-    c.tensor("a.gen.code.embd.weight", &[n_talker, n_codes, n_groups], MATRIX)?;
+    c.tensor(
+        "a.gen.code.embd.weight",
+        &[n_talker, n_codes, n_groups],
+        MATRIX,
+    )?;
     c.matrix("a.gen.code.out_embd.weight", n_talker, CODEC_VOCAB)?;
     c.vector("a.gen.code.output_norm.weight", n_cp)?;
     if h.tensor("a.gen.code.proj_in.weight").is_some() || n_talker != n_cp {
@@ -425,25 +539,44 @@ pub fn check_mmproj(path: &Path, h: &Header) -> Result<(), ModelError> {
     Ok(())
 }
 
-fn check_decoder(c: &Check<'_>, st: &SpeechTokenizerConfig, n_groups: u64) -> Result<(), ModelError> {
+fn check_decoder(
+    c: &Check<'_>,
+    st: &SpeechTokenizerConfig,
+    n_groups: u64,
+) -> Result<(), ModelError> {
     let d = &st.decoder_config;
     let w = "a.gen.wav";
     let (cd, half) = (d.codebook_dim as u64, d.codebook_dim as u64 / 2);
-    let (lat, hs, dd) = (d.latent_dim as u64, d.hidden_size as u64, d.decoder_dim as u64);
+    let (lat, hs, dd) = (
+        d.latent_dim as u64,
+        d.hidden_size as u64,
+        d.decoder_dim as u64,
+    );
     let n_rest = d.num_quantizers as u64 - d.num_semantic_quantizers as u64;
     if n_rest != n_groups || d.num_semantic_quantizers != 1 || d.codebook_size != 2048 {
         return Err(c.bad_key(
             KEY_HF_SPEECH_TOKENIZER,
             format!("1 semantic + {n_groups} acoustic codebooks of 2048"),
-            format!("{} + {n_rest} of {}", d.num_semantic_quantizers, d.codebook_size),
+            format!(
+                "{} + {n_rest} of {}",
+                d.num_semantic_quantizers, d.codebook_size
+            ),
         ));
     }
     for g in ["first", "rest"] {
         c.matrix(&format!("{w}.quant.{g}.in_proj.weight"), cd, half)?;
         c.matrix(&format!("{w}.quant.{g}.out_proj.weight"), half, cd)?;
     }
-    c.tensor(&format!("{w}.quant.first.codebook.weight"), &[half, 2048], MATRIX)?;
-    c.tensor(&format!("{w}.quant.rest.codebook.weight"), &[half, 2048, n_rest], MATRIX)?;
+    c.tensor(
+        &format!("{w}.quant.first.codebook.weight"),
+        &[half, 2048],
+        MATRIX,
+    )?;
+    c.tensor(
+        &format!("{w}.quant.rest.codebook.weight"),
+        &[half, 2048, n_rest],
+        MATRIX,
+    )?;
     c.tensor(&format!("{w}.pre_conv.weight"), &[3, cd, lat], CONV)?;
     c.vector(&format!("{w}.pre_conv.bias"), lat)?;
     c.matrix(&format!("{w}.tfm.in_proj.weight"), lat, hs)?;
@@ -491,7 +624,11 @@ fn check_decoder(c: &Check<'_>, st: &SpeechTokenizerConfig, n_groups: u64) -> Re
         let (b, cout) = (format!("{w}.dac.blk.{i}"), cin / 2);
         c.vector(&format!("{b}.snake.alpha"), cin)?;
         c.vector(&format!("{b}.snake.beta"), cin)?;
-        c.tensor(&format!("{b}.conv.weight"), &[2 * r as u64, cout, cin], CONV)?;
+        c.tensor(
+            &format!("{b}.conv.weight"),
+            &[2 * r as u64, cout, cin],
+            CONV,
+        )?;
         c.vector(&format!("{b}.conv.bias"), cout)?;
         for j in 0..3 {
             let rb = format!("{b}.res.{j}");
@@ -515,7 +652,12 @@ fn check_decoder(c: &Check<'_>, st: &SpeechTokenizerConfig, n_groups: u64) -> Re
 
 fn check_speaker_encoder(c: &Check<'_>, n_talker: u64) -> Result<(), ModelError> {
     c.str_is("clip.audio.projector_type", "qwen3tts_spkenc")?;
-    for key in ["embedding_length", "attention.head_count", "feed_forward_length", "projection_dim"] {
+    for key in [
+        "embedding_length",
+        "attention.head_count",
+        "feed_forward_length",
+        "projection_dim",
+    ] {
         c.u32_in(&format!("clip.audio.{key}"), 1..=1 << 16)?;
     }
     c.u32_in("clip.audio.block_count", 3..=3)?;

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-
 /// `tests/fixtures/<name>`: the oracle's outputs committed with the project.
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -14,7 +13,10 @@ pub fn fixture(name: &str) -> PathBuf {
 
 /// `../shared/<rel>`: the published configs and tokenizer, which stay outside the project.
 pub fn shared(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("shared").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("shared")
+        .join(rel)
 }
 
 /// GPT-2's byte-to-character map (the byte-level BPE alphabet of Qwen2's vocab.json).
@@ -50,7 +52,11 @@ pub fn tiny_tokenizer(dir: &std::path::Path) {
     vocab.insert("assistant".into(), 1002.into());
     vocab.insert("Ċ".into(), 1003.into());
     std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("vocab.json"), serde_json::Value::Object(vocab).to_string()).unwrap();
+    std::fs::write(
+        dir.join("vocab.json"),
+        serde_json::Value::Object(vocab).to_string(),
+    )
+    .unwrap();
     std::fs::write(dir.join("merges.txt"), "#version: 0.2\na s\n").unwrap();
     let added = serde_json::json!({
         "added_tokens_decoder": {
