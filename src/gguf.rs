@@ -709,11 +709,18 @@ pub fn parse(buf: &[u8], path: &Path) -> Result<Header, ModelError> {
         let (Some(n_elems), Some(nbytes)) = (n_elems, nbytes) else {
             return Err(bad(format!("shape {ne:?} of {ty} overflows 64 bits")));
         };
-        if n_elems > i64::MAX as u64 || nbytes > (buf.len() as u64) {
-            return Err(bad(format!(
-                "{nbytes} bytes of data for shape {ne:?} of {ty}, more than the whole file ({} bytes)",
-                buf.len()
-            )));
+        if n_elems > i64::MAX as u64 {
+            return Err(bad(format!("shape {ne:?} has over 2^63 elements")));
+        }
+        if nbytes > buf.len() as u64 {
+            // Larger than the whole file: the file is cut short (or the shape is hostile).
+            return Err(ModelError::Truncated {
+                path: path.into(),
+                what: format!("data of tensor '{name}' ({nbytes} bytes for shape {ne:?} of {ty})"),
+                offset: 0,
+                end: nbytes,
+                file_len: buf.len() as u64,
+            });
         }
         let offset = c.u64(&|| format!("offset of '{name}'"))?;
         if !names.insert(name.clone()) {
@@ -991,6 +998,18 @@ impl Writer {
 
     /// Writes the data of the next declared tensor, which must be `name` with exactly its size.
     pub fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<(), ModelError> {
+        // Refuse a wrong size before any byte goes out, so the writer stays usable.
+        if let Some(t) = self
+            .tensors
+            .get(self.next)
+            .filter(|t| t.nbytes != data.len() as u64)
+        {
+            return Err(ModelError::Unsupported {
+                what: format!("writing tensor '{name}' to {}", self.path.display()),
+                expected: format!("'{}' of {} bytes", t.name, t.nbytes),
+                found: format!("'{name}' of {} bytes", data.len()),
+            });
+        }
         self.begin_tensor(name)?;
         self.write_bytes(data)?;
         self.end_tensor()

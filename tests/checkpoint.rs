@@ -122,3 +122,29 @@ fn config_errors_name_file_and_field() {
         "{err:?}"
     );
 }
+
+/// The configs `qtts random-model` writes are the published ones, field for field.
+#[test]
+fn presets_equal_the_published_configs() {
+    use qtts::model::config::Preset;
+    let root = common::shared("qwen3-tts/configs");
+    for p in [
+        Preset::Small06CustomVoice,
+        Preset::Small06Base,
+        Preset::Large17CustomVoice,
+        Preset::Large17Base,
+        Preset::Large17VoiceDesign,
+    ] {
+        let published = CheckpointConfig::read(&root.join(p.hf_name())).unwrap();
+        assert_eq!(p.config(), published, "{}", p.hf_name());
+        // And what it writes reads back the same.
+        let tmp = tempfile::tempdir().unwrap();
+        p.config().write(tmp.path()).unwrap();
+        assert_eq!(
+            CheckpointConfig::read(tmp.path()).unwrap(),
+            published,
+            "{}",
+            p.hf_name()
+        );
+    }
+}
