@@ -63,7 +63,7 @@ fn progress_printer(label: &'static str) -> impl FnMut(u64, u64) {
     let start = Instant::now();
     let mut last = 0u64;
     move |done, total| {
-        let pct = if total == 0 { 100 } else { done * 100 / total };
+        let pct = (done * 100).checked_div(total).unwrap_or(100);
         if pct >= last + 5 || done == total {
             last = pct;
             eprint!(

@@ -6,4 +6,5 @@ pub mod config;
 pub mod convert;
 pub mod layout;
 pub mod random;
+pub mod testing;
 pub mod validate;
