@@ -390,7 +390,7 @@ impl Context {
             )
         };
         let t = self.wrap(p, bytes)?;
-        t.as_f32_mut().fill(0.0);
+        t.write_f32(&vec![0.0; bytes / 4])?;
         Ok(t)
     }
 
@@ -483,22 +483,53 @@ impl<'ctx> Tensor<'ctx> {
         ne.map(|x| x as usize)
     }
 
-    /// The data of an f32 tensor.
-    pub fn as_f32(&self) -> &[f32] {
-        let n: usize = self.ne().iter().product();
-        // SAFETY: tensors of this module are allocated in their context with data (no_alloc false)
-        // and f32 type, contiguous, with n elements.
-        unsafe { std::slice::from_raw_parts(sys::ggml_get_data_f32(self.ptr.as_ptr()), n) }
+    fn n_elems(&self) -> usize {
+        self.ne().iter().product()
     }
 
-    /// The data of an f32 tensor, writable.
-    #[allow(clippy::mut_from_ref)]
-    pub fn as_f32_mut(&self) -> &mut [f32] {
-        let n: usize = self.ne().iter().product();
-        // SAFETY: as in as_f32; the context is used by one thread and callers do not hold two
-        // views of one tensor across a write (a graph computes only inside Graph::compute, which
-        // borrows nothing from the caller).
-        unsafe { std::slice::from_raw_parts_mut(sys::ggml_get_data_f32(self.ptr.as_ptr()), n) }
+    /// Copies the values of an f32 tensor into `out`, which must have the tensor's length.
+    pub fn read_f32(&self, out: &mut [f32]) -> Result<(), GgmlError> {
+        self.check_len(out.len())?;
+        // SAFETY: tensors of this module are f32, contiguous, allocated with data in a context that
+        // is not Sync, and no reference into the data outlives a call of this module, so nothing
+        // writes it while it is copied (graphs compute inside Graph::compute only).
+        unsafe {
+            let p = sys::ggml_get_data_f32(self.ptr.as_ptr());
+            std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len());
+        }
+        Ok(())
+    }
+
+    /// The values of an f32 tensor.
+    pub fn to_vec(&self) -> Vec<f32> {
+        let mut v = vec![0.0; self.n_elems()];
+        // The length matches by construction.
+        let _ = self.read_f32(&mut v);
+        v
+    }
+
+    /// Copies `src`, which must have the tensor's length, into an f32 tensor.
+    pub fn write_f32(&self, src: &[f32]) -> Result<(), GgmlError> {
+        self.check_len(src.len())?;
+        // SAFETY: as in read_f32; no reference into the data exists while it is written.
+        unsafe {
+            let p = sys::ggml_get_data_f32(self.ptr.as_ptr());
+            std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len());
+        }
+        Ok(())
+    }
+
+    fn check_len(&self, n: usize) -> Result<(), GgmlError> {
+        // SAFETY: the tensor is live; reading its type is a field read.
+        let ty = unsafe { (*self.ptr.as_ptr()).type_ };
+        if n != self.n_elems() || ty != sys::GGML_TYPE_F32 {
+            return Err(GgmlError::Shape {
+                what: "tensor data",
+                expected: format!("{} f32 values", self.n_elems()),
+                found: format!("{n} values (tensor type {ty})"),
+            });
+        }
+        Ok(())
     }
 }
 

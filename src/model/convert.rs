@@ -408,7 +408,7 @@ impl TextProjector {
         let ctx = &self.ctx;
         let input = |ne: &[usize], v: &[f32]| {
             let t = ctx.new_f32(ne).map_err(ggml_err)?;
-            t.as_f32_mut().copy_from_slice(v);
+            t.write_f32(v).map_err(ggml_err)?;
             Ok::<_, ModelError>(t)
         };
         // NB: the weights are copied into the context per chunk of 2048 rows (24 MB for 0.6B), which
@@ -425,8 +425,8 @@ impl TextProjector {
         let y = ctx.add(y, b2).map_err(ggml_err)?;
         let mut g = ctx.graph(y).map_err(ggml_err)?;
         g.compute(&self.pool).map_err(ggml_err)?;
-        out.clear();
-        out.extend_from_slice(y.as_f32());
+        out.resize(rows * self.n_out, 0.0);
+        y.read_f32(out).map_err(ggml_err)?;
         drop(g);
         self.ctx.reset();
         Ok(())
