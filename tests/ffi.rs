@@ -6,10 +6,17 @@ use qtts::ffi::{Context, GgmlError, Threadpool};
 #[test]
 fn mul_mat_add_silu_match_a_reference() {
     let (k, m, n) = (96, 40, 7);
-    let a: Vec<f32> = (0..k * m).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
-    let b: Vec<f32> = (0..k * n).map(|i| ((i * 13 % 89) as f32 - 44.0) / 44.0).collect();
+    let a: Vec<f32> = (0..k * m)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 13 % 89) as f32 - 44.0) / 44.0)
+        .collect();
     let bias: Vec<f32> = (0..m).map(|i| i as f32 / m as f32 - 0.5).collect();
-    for pool in [Threadpool::new(1, &[]).unwrap(), Threadpool::new(2, &[0, 1]).unwrap()] {
+    for pool in [
+        Threadpool::new(1, &[]).unwrap(),
+        Threadpool::new(2, &[0, 1]).unwrap(),
+    ] {
         let ctx = Context::new(1 << 20).unwrap();
         let ta = ctx.new_f32(&[k, m]).unwrap();
         ta.write_f32(&a).unwrap();
@@ -27,9 +34,16 @@ fn mul_mat_add_silu_match_a_reference() {
         assert_eq!(y.ne(), [m, n, 1, 1]);
         for j in 0..n {
             for i in 0..m {
-                let z: f64 = bias[i] as f64 + (0..k).map(|t| a[i * k + t] as f64 * b[j * k + t] as f64).sum::<f64>();
+                let z: f64 = bias[i] as f64
+                    + (0..k)
+                        .map(|t| a[i * k + t] as f64 * b[j * k + t] as f64)
+                        .sum::<f64>();
                 let want = z / (1.0 + (-z).exp());
-                assert!((got[j * m + i] as f64 - want).abs() < 1e-4, "({i},{j}) {} vs {want}", got[j * m + i]);
+                assert!(
+                    (got[j * m + i] as f64 - want).abs() < 1e-4,
+                    "({i},{j}) {} vs {want}",
+                    got[j * m + i]
+                );
             }
         }
     }
@@ -40,12 +54,33 @@ fn misuse_is_an_error_not_an_abort() {
     let ctx = Context::new(1 << 16).unwrap();
     let a = ctx.new_f32(&[8, 4]).unwrap();
     let b = ctx.new_f32(&[9, 4]).unwrap();
-    assert!(matches!(ctx.mul_mat(a, b), Err(GgmlError::Shape { what: "mul_mat", .. })));
-    assert!(matches!(ctx.add(a, b), Err(GgmlError::Shape { what: "add", .. })));
-    assert!(matches!(a.write_f32(&[0.0; 3]), Err(GgmlError::Shape { .. })));
+    assert!(matches!(
+        ctx.mul_mat(a, b),
+        Err(GgmlError::Shape {
+            what: "mul_mat",
+            ..
+        })
+    ));
+    assert!(matches!(
+        ctx.add(a, b),
+        Err(GgmlError::Shape { what: "add", .. })
+    ));
+    assert!(matches!(
+        a.write_f32(&[0.0; 3]),
+        Err(GgmlError::Shape { .. })
+    ));
     // A context that is full refuses instead of letting ggml abort.
-    assert!(matches!(ctx.new_f32(&[1 << 20]), Err(GgmlError::Alloc { .. })));
+    assert!(matches!(
+        ctx.new_f32(&[1 << 20]),
+        Err(GgmlError::Alloc { .. })
+    ));
     assert!(matches!(ctx.new_f32(&[0]), Err(GgmlError::Shape { .. })));
-    assert!(matches!(Threadpool::new(0, &[]), Err(GgmlError::Threadpool { .. })));
-    assert!(matches!(Threadpool::new(1, &[600]), Err(GgmlError::Threadpool { .. })));
+    assert!(matches!(
+        Threadpool::new(0, &[]),
+        Err(GgmlError::Threadpool { .. })
+    ));
+    assert!(matches!(
+        Threadpool::new(1, &[600]),
+        Err(GgmlError::Threadpool { .. })
+    ));
 }
