@@ -120,6 +120,13 @@ impl Out<'_> {
         });
     }
 
+    /// One transformer layer: `g.<gguf suffix>` from `h.<checkpoint suffix>` for each table row.
+    fn layer(&mut self, g: &str, h: &str, table: &[(&str, &str, Role)]) {
+        for (gs, hs, role) in table {
+            self.copy(format!("{g}.{gs}"), format!("{h}.{hs}"), *role);
+        }
+    }
+
     /// `name.weight` and `name.bias` from `hf.weight` and `hf.bias`.
     fn conv(&mut self, name: &str, hf: &str, role: Role) {
         self.copy(format!("{name}.weight"), format!("{hf}.weight"), role);
@@ -167,6 +174,53 @@ impl Out<'_> {
     }
 }
 
+use Role::{Matrix as M, Vector as V};
+
+/// A talker layer (`src/llama-arch.cpp` names).
+const TALKER_LAYER: &[(&str, &str, Role)] = &[
+    ("attn_norm.weight", "input_layernorm.weight", V),
+    ("attn_q.weight", "self_attn.q_proj.weight", M),
+    ("attn_k.weight", "self_attn.k_proj.weight", M),
+    ("attn_v.weight", "self_attn.v_proj.weight", M),
+    ("attn_output.weight", "self_attn.o_proj.weight", M),
+    ("attn_q_norm.weight", "self_attn.q_norm.weight", V),
+    ("attn_k_norm.weight", "self_attn.k_norm.weight", V),
+    ("ffn_norm.weight", "post_attention_layernorm.weight", V),
+    ("ffn_gate.weight", "mlp.gate_proj.weight", M),
+    ("ffn_up.weight", "mlp.up_proj.weight", M),
+    ("ffn_down.weight", "mlp.down_proj.weight", M),
+];
+
+/// A code-predictor layer (`tools/mtmd/clip-impl.h` names).
+const CP_LAYER: &[(&str, &str, Role)] = &[
+    ("ln1.weight", "input_layernorm.weight", V),
+    ("attn_q.weight", "self_attn.q_proj.weight", M),
+    ("attn_q_norm.weight", "self_attn.q_norm.weight", V),
+    ("attn_k.weight", "self_attn.k_proj.weight", M),
+    ("attn_k_norm.weight", "self_attn.k_norm.weight", V),
+    ("attn_v.weight", "self_attn.v_proj.weight", M),
+    ("attn_out.weight", "self_attn.o_proj.weight", M),
+    ("ln2.weight", "post_attention_layernorm.weight", V),
+    ("ffn_gate.weight", "mlp.gate_proj.weight", M),
+    ("ffn_up.weight", "mlp.up_proj.weight", M),
+    ("ffn_down.weight", "mlp.down_proj.weight", M),
+];
+
+/// A decoder transformer layer, with its two LayerScales.
+const DECODER_LAYER: &[(&str, &str, Role)] = &[
+    ("ln1.weight", "input_layernorm.weight", V),
+    ("attn_q.weight", "self_attn.q_proj.weight", M),
+    ("attn_k.weight", "self_attn.k_proj.weight", M),
+    ("attn_v.weight", "self_attn.v_proj.weight", M),
+    ("attn_out.weight", "self_attn.o_proj.weight", M),
+    ("ls1.weight", "self_attn_layer_scale.scale", V),
+    ("ln2.weight", "post_attention_layernorm.weight", V),
+    ("ffn_gate.weight", "mlp.gate_proj.weight", M),
+    ("ffn_up.weight", "mlp.up_proj.weight", M),
+    ("ffn_down.weight", "mlp.down_proj.weight", M),
+    ("ls2.weight", "mlp_layer_scale.scale", V),
+];
+
 /// The GGUF layout of a checkpoint with configs `cfg` and tensors `specs`
 /// (from [`super::checkpoint::expected_tensors`]).
 pub fn layout(cfg: &CheckpointConfig, specs: &[Spec]) -> Layout {
@@ -192,61 +246,10 @@ pub fn layout(cfg: &CheckpointConfig, specs: &[Spec]) -> Layout {
     );
     o.copy("output.weight", "talker.codec_head.weight", Role::Matrix);
     for i in 0..t.num_hidden_layers {
-        let (g, h) = (format!("blk.{i}"), format!("talker.model.layers.{i}"));
-        o.copy(
-            format!("{g}.attn_norm.weight"),
-            format!("{h}.input_layernorm.weight"),
-            Role::Vector,
-        );
-        o.copy(
-            format!("{g}.attn_q.weight"),
-            format!("{h}.self_attn.q_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.attn_k.weight"),
-            format!("{h}.self_attn.k_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.attn_v.weight"),
-            format!("{h}.self_attn.v_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.attn_output.weight"),
-            format!("{h}.self_attn.o_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.attn_q_norm.weight"),
-            format!("{h}.self_attn.q_norm.weight"),
-            Role::Vector,
-        );
-        o.copy(
-            format!("{g}.attn_k_norm.weight"),
-            format!("{h}.self_attn.k_norm.weight"),
-            Role::Vector,
-        );
-        o.copy(
-            format!("{g}.ffn_norm.weight"),
-            format!("{h}.post_attention_layernorm.weight"),
-            Role::Vector,
-        );
-        o.copy(
-            format!("{g}.ffn_gate.weight"),
-            format!("{h}.mlp.gate_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.ffn_up.weight"),
-            format!("{h}.mlp.up_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.ffn_down.weight"),
-            format!("{h}.mlp.down_proj.weight"),
-            Role::Matrix,
+        o.layer(
+            &format!("blk.{i}"),
+            &format!("talker.model.layers.{i}"),
+            TALKER_LAYER,
         );
     }
     let talker = std::mem::take(&mut o.list);
@@ -285,64 +288,10 @@ pub fn layout(cfg: &CheckpointConfig, specs: &[Spec]) -> Layout {
         Role::Vector,
     );
     for l in 0..cp.num_hidden_layers {
-        let (g, h) = (
-            format!("a.gen.code.blk.{l}"),
-            format!("{c}.model.layers.{l}"),
-        );
-        o.copy(
-            format!("{g}.ln1.weight"),
-            format!("{h}.input_layernorm.weight"),
-            Role::Vector,
-        );
-        o.copy(
-            format!("{g}.attn_q.weight"),
-            format!("{h}.self_attn.q_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.attn_q_norm.weight"),
-            format!("{h}.self_attn.q_norm.weight"),
-            Role::Vector,
-        );
-        o.copy(
-            format!("{g}.attn_k.weight"),
-            format!("{h}.self_attn.k_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.attn_k_norm.weight"),
-            format!("{h}.self_attn.k_norm.weight"),
-            Role::Vector,
-        );
-        o.copy(
-            format!("{g}.attn_v.weight"),
-            format!("{h}.self_attn.v_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.attn_out.weight"),
-            format!("{h}.self_attn.o_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.ln2.weight"),
-            format!("{h}.post_attention_layernorm.weight"),
-            Role::Vector,
-        );
-        o.copy(
-            format!("{g}.ffn_gate.weight"),
-            format!("{h}.mlp.gate_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.ffn_up.weight"),
-            format!("{h}.mlp.up_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.ffn_down.weight"),
-            format!("{h}.mlp.down_proj.weight"),
-            Role::Matrix,
+        o.layer(
+            &format!("a.gen.code.blk.{l}"),
+            &format!("{c}.model.layers.{l}"),
+            CP_LAYER,
         );
     }
 
@@ -387,61 +336,10 @@ pub fn layout(cfg: &CheckpointConfig, specs: &[Spec]) -> Layout {
         Role::Vector,
     );
     for i in 0..d.num_hidden_layers {
-        let (g, h) = (format!("a.gen.wav.tfm.blk.{i}"), format!("{p}.layers.{i}"));
-        o.copy(
-            format!("{g}.ln1.weight"),
-            format!("{h}.input_layernorm.weight"),
-            Role::Vector,
-        );
-        o.copy(
-            format!("{g}.attn_q.weight"),
-            format!("{h}.self_attn.q_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.attn_k.weight"),
-            format!("{h}.self_attn.k_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.attn_v.weight"),
-            format!("{h}.self_attn.v_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.attn_out.weight"),
-            format!("{h}.self_attn.o_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.ls1.weight"),
-            format!("{h}.self_attn_layer_scale.scale"),
-            Role::Vector,
-        );
-        o.copy(
-            format!("{g}.ln2.weight"),
-            format!("{h}.post_attention_layernorm.weight"),
-            Role::Vector,
-        );
-        o.copy(
-            format!("{g}.ffn_gate.weight"),
-            format!("{h}.mlp.gate_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.ffn_up.weight"),
-            format!("{h}.mlp.up_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.ffn_down.weight"),
-            format!("{h}.mlp.down_proj.weight"),
-            Role::Matrix,
-        );
-        o.copy(
-            format!("{g}.ls2.weight"),
-            format!("{h}.mlp_layer_scale.scale"),
-            Role::Vector,
+        o.layer(
+            &format!("a.gen.wav.tfm.blk.{i}"),
+            &format!("{p}.layers.{i}"),
+            DECODER_LAYER,
         );
     }
     for u in 0..d.upsampling_ratios.len() {
