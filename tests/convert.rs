@@ -127,17 +127,50 @@ fn f32_conversion_reads_back_exactly() {
         ] {
             assert_eq!(bits(&get(&mmproj, gg)), bits(&src[hf]), "{name}: {gg}");
         }
-        // Every tensor of the files is checked against its source below or above; count them all.
+        // Every tensor of both files against its source, by the layout's mapping; the values are
+        // computed here from the safetensors, independently of the converter.
+        use qtts::model::layout::Source;
+        let ckpt = qtts::model::checkpoint::Checkpoint::open(&dir).unwrap();
+        let lay = qtts::model::layout::layout(&ckpt.config, ckpt.specs());
         let mut checked = 0;
-        for t in &talker.header.tensors {
-            let v = get(&talker, &t.name);
-            if t.name == "token_embd.weight" {
-                continue;
+        for (file, list) in [(&talker, &lay.talker), (&mmproj, &lay.mmproj)] {
+            assert_eq!(file.header.tensors.len(), list.len(), "{name}");
+            for t in list {
+                let expect: Vec<f32> = match &t.source {
+                    Source::Copy(hf) => src[hf].clone(),
+                    Source::Stack(hfs) => hfs.iter().flat_map(|h| src[h].clone()).collect(),
+                    Source::Codebooks(ps) => ps
+                        .iter()
+                        .flat_map(|p| {
+                            let (sum, usage) = (
+                                &src[&format!("{p}.embedding_sum")],
+                                &src[&format!("{p}.cluster_usage")],
+                            );
+                            let dim = sum.len() / usage.len();
+                            (0..sum.len())
+                                .map(move |i| sum[i] / usage[i / dim].max(1e-5))
+                                .collect::<Vec<_>>()
+                        })
+                        .collect(),
+                    Source::SnakeAlpha(hf) => src[hf].iter().map(|x| x.exp()).collect(),
+                    Source::SnakeBeta(hf) => {
+                        src[hf].iter().map(|x| 1.0 / (x.exp() + 1e-9)).collect()
+                    }
+                    Source::TokenEmbd => continue,
+                };
+                assert_eq!(
+                    bits(&get(file, &t.name)),
+                    bits(&expect),
+                    "{name}: {}",
+                    t.name
+                );
+                checked += 1;
             }
-            assert!(v.iter().all(|x| x.is_finite()));
-            checked += 1;
         }
-        assert_eq!(checked, talker.header.tensors.len() - 1);
+        assert_eq!(
+            checked,
+            talker.header.tensors.len() + mmproj.header.tensors.len() - 1
+        );
         // Stacks: slice g is source g.
         let head = get(&mmproj, "a.gen.code.head.weight");
         let embd = get(&mmproj, "a.gen.code.embd.weight");
