@@ -436,6 +436,303 @@ impl Context {
         self.wrap(p, bytes)
     }
 
+    /// A new tensor of ggml type `ty` (any type; data uninitialised), for weights copied in bytes.
+    pub fn new_tensor(
+        &self,
+        ty: crate::gguf::GgmlType,
+        ne: &[usize],
+    ) -> Result<Tensor<'_>, GgmlError> {
+        let ne64: Vec<u64> = ne.iter().map(|&x| x as u64).collect();
+        let bytes = match ty.nbytes(&ne64) {
+            Some(b) if !ne.is_empty() && ne.len() <= 4 && !ne.contains(&0) => b as usize,
+            _ => {
+                return Err(GgmlError::Shape {
+                    what: "tensor shape",
+                    expected: format!("1 to 4 non-zero dimensions, rows of whole {ty} blocks"),
+                    found: format!("{ne:?}"),
+                })
+            }
+        };
+        self.room(bytes)?;
+        let ne64: Vec<i64> = ne.iter().map(|&x| x as i64).collect();
+        // SAFETY: the context has room, the shape is valid for the type (checked above).
+        let p = unsafe {
+            sys::ggml_new_tensor(
+                self.ptr.as_ptr(),
+                ty as u32 as sys::ggml_type,
+                ne64.len() as i32,
+                ne64.as_ptr(),
+            )
+        };
+        self.wrap(p, bytes)
+    }
+
+    /// A new i32 tensor of `n` values (row indices, positions).
+    pub fn new_i32(&self, n: usize) -> Result<Tensor<'_>, GgmlError> {
+        self.new_tensor(crate::gguf::GgmlType::I32, &[n])
+    }
+
+    fn op<'a>(
+        &'a self,
+        out_elems: usize,
+        f: impl FnOnce(*mut sys::ggml_context) -> *mut sys::ggml_tensor,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        let bytes = out_elems * 4;
+        self.room(bytes)?;
+        self.wrap(f(self.ptr.as_ptr()), bytes)
+    }
+
+    fn same_shape(what: &'static str, a: Tensor<'_>, b: Tensor<'_>) -> Result<(), GgmlError> {
+        let (na, nb) = (a.ne(), b.ne());
+        if (0..4).any(|i| na[i] % nb[i] != 0) {
+            return Err(GgmlError::Shape {
+                what,
+                expected: format!("a shape that repeats into {na:?}"),
+                found: format!("{nb:?}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// `a ⊙ b`, with `b` broadcast over `a`.
+    pub fn mul<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        Self::same_shape("mul", a, b)?;
+        // SAFETY: both tensors are live and b repeats into a.
+        self.op(a.n_elems(), |c| unsafe {
+            sys::ggml_mul(c, a.ptr.as_ptr(), b.ptr.as_ptr())
+        })
+    }
+
+    /// `x / rms(x)` over dimension 0 (no weight), with `eps`.
+    pub fn rms_norm<'a>(&'a self, x: Tensor<'a>, eps: f32) -> Result<Tensor<'a>, GgmlError> {
+        // SAFETY: the tensor is live.
+        self.op(x.n_elems(), |c| unsafe {
+            sys::ggml_rms_norm(c, x.ptr.as_ptr(), eps)
+        })
+    }
+
+    /// `x · s`.
+    pub fn scale<'a>(&'a self, x: Tensor<'a>, s: f32) -> Result<Tensor<'a>, GgmlError> {
+        // SAFETY: the tensor is live.
+        self.op(x.n_elems(), |c| unsafe {
+            sys::ggml_scale(c, x.ptr.as_ptr(), s)
+        })
+    }
+
+    /// Rows `ids` (an i32 tensor) of matrix `a` (`[n, rows]`), dequantized to f32: `[n, len(ids)]`.
+    pub fn get_rows<'a>(&'a self, a: Tensor<'a>, ids: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        // SAFETY: both tensors are live; ggml checks nothing more than types at build time, and ids
+        // are checked in range by the callers before compute.
+        self.op(a.ne()[0] * ids.n_elems(), |c| unsafe {
+            sys::ggml_get_rows(c, a.ptr.as_ptr(), ids.ptr.as_ptr())
+        })
+    }
+
+    /// NeoX rotary embedding of `x` (`[head_dim, heads, tokens]`) at positions `pos` (i32, one per
+    /// token), over the first `n_dims` dimensions with base `theta`.
+    pub fn rope_neox<'a>(
+        &'a self,
+        x: Tensor<'a>,
+        pos: Tensor<'a>,
+        n_dims: usize,
+        theta: f32,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        if pos.ne()[0] != x.ne()[2] || n_dims > x.ne()[0] || n_dims % 2 != 0 {
+            return Err(GgmlError::Shape {
+                what: "rope",
+                expected: format!(
+                    "{} positions and an even n_dims <= {}",
+                    x.ne()[2],
+                    x.ne()[0]
+                ),
+                found: format!("{} positions, n_dims {n_dims}", pos.ne()[0]),
+            });
+        }
+        // SAFETY: shapes checked above; mode 2 is GGML_ROPE_TYPE_NEOX; no frequency factors.
+        self.op(x.n_elems(), |c| unsafe {
+            sys::ggml_rope_ext(
+                c,
+                x.ptr.as_ptr(),
+                pos.ptr.as_ptr(),
+                std::ptr::null_mut(),
+                n_dims as i32,
+                2,
+                0,
+                theta,
+                1.0,
+                0.0,
+                1.0,
+                0.0,
+                0.0,
+            )
+        })
+    }
+
+    /// `softmax(x · scale + mask)` over dimension 0; `mask` (f32, `[ne0, ne1]`) may be absent.
+    pub fn soft_max<'a>(
+        &'a self,
+        x: Tensor<'a>,
+        mask: Option<Tensor<'a>>,
+        scale: f32,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        if let Some(m) = mask {
+            if m.ne()[0] != x.ne()[0] || m.ne()[1] < x.ne()[1] {
+                return Err(GgmlError::Shape {
+                    what: "soft_max mask",
+                    expected: format!("[{}, >= {}]", x.ne()[0], x.ne()[1]),
+                    found: format!("{:?}", m.ne()),
+                });
+            }
+        }
+        let m = mask.map_or(std::ptr::null_mut(), |m| m.ptr.as_ptr());
+        // SAFETY: shapes checked above.
+        self.op(x.n_elems(), |c| unsafe {
+            sys::ggml_soft_max_ext(c, x.ptr.as_ptr(), m, scale, 0.0)
+        })
+    }
+
+    /// A view of `x` with shape `ne` and byte strides `nb` (`nb[0]` is the element size) at byte
+    /// `offset`; checked to stay inside `x`'s data.
+    pub fn view<'a>(
+        &'a self,
+        x: Tensor<'a>,
+        ne: [usize; 3],
+        nb: [usize; 3],
+        offset: usize,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        let last = offset + (ne[0] - 1) * nb[0] + (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2] + nb[0];
+        if ne.contains(&0) || last > x.nbytes() {
+            return Err(GgmlError::Shape {
+                what: "view",
+                expected: format!("a view inside {} bytes", x.nbytes()),
+                found: format!("ne {ne:?}, nb {nb:?}, offset {offset}"),
+            });
+        }
+        // SAFETY: the view lies inside x's data (checked above).
+        self.op(0, |c| unsafe {
+            sys::ggml_view_3d(
+                c,
+                x.ptr.as_ptr(),
+                ne[0] as i64,
+                ne[1] as i64,
+                ne[2] as i64,
+                nb[1],
+                nb[2],
+                offset,
+            )
+        })
+    }
+
+    /// `x` with shape `ne` (same element count; `x` contiguous).
+    pub fn reshape<'a>(&'a self, x: Tensor<'a>, ne: [usize; 3]) -> Result<Tensor<'a>, GgmlError> {
+        if ne.iter().product::<usize>() != x.n_elems() {
+            return Err(GgmlError::Shape {
+                what: "reshape",
+                expected: format!("{} elements", x.n_elems()),
+                found: format!("{ne:?}"),
+            });
+        }
+        // SAFETY: element counts agree; ggml requires x contiguous, which callers ensure with cont.
+        self.op(0, |c| unsafe {
+            sys::ggml_reshape_3d(c, x.ptr.as_ptr(), ne[0] as i64, ne[1] as i64, ne[2] as i64)
+        })
+    }
+
+    /// `x` with its axes permuted (ggml's convention: axis i of x goes to position `axes[i]`).
+    pub fn permute<'a>(&'a self, x: Tensor<'a>, axes: [i32; 4]) -> Result<Tensor<'a>, GgmlError> {
+        let mut seen = [false; 4];
+        for &a in &axes {
+            if !(0..4).contains(&a) || std::mem::replace(&mut seen[a as usize], true) {
+                return Err(GgmlError::Shape {
+                    what: "permute",
+                    expected: "a permutation of 0..4".into(),
+                    found: format!("{axes:?}"),
+                });
+            }
+        }
+        // SAFETY: a valid permutation.
+        self.op(0, |c| unsafe {
+            sys::ggml_permute(c, x.ptr.as_ptr(), axes[0], axes[1], axes[2], axes[3])
+        })
+    }
+
+    /// A contiguous copy of `x`.
+    pub fn cont<'a>(&'a self, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        // SAFETY: the tensor is live.
+        self.op(x.n_elems(), |c| unsafe {
+            sys::ggml_cont(c, x.ptr.as_ptr())
+        })
+    }
+
+    /// Copies `src` into `dst` (same element count) when the graph runs; returns the copy node.
+    pub fn copy_into<'a>(
+        &'a self,
+        src: Tensor<'a>,
+        dst: Tensor<'a>,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        if src.n_elems() != dst.n_elems() {
+            return Err(GgmlError::Shape {
+                what: "copy",
+                expected: format!("{} elements", dst.n_elems()),
+                found: format!("{}", src.n_elems()),
+            });
+        }
+        // SAFETY: element counts agree.
+        self.op(0, |c| unsafe {
+            sys::ggml_cpy(c, src.ptr.as_ptr(), dst.ptr.as_ptr())
+        })
+    }
+
+    /// `a` and `b` joined along dimension `dim` (their other dimensions equal).
+    pub fn concat<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        b: Tensor<'a>,
+        dim: usize,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        let (na, nb) = (a.ne(), b.ne());
+        if dim > 3 || (0..4).any(|i| i != dim && na[i] != nb[i]) {
+            return Err(GgmlError::Shape {
+                what: "concat",
+                expected: format!("shapes equal but in dimension {dim}: {na:?}"),
+                found: format!("{nb:?}"),
+            });
+        }
+        // SAFETY: shapes checked above.
+        self.op(a.n_elems() + b.n_elems(), |c| unsafe {
+            sys::ggml_concat(c, a.ptr.as_ptr(), b.ptr.as_ptr(), dim as i32)
+        })
+    }
+
+    /// Matrix `i` of a stack of matrices `x` (`[ne0, ne1, n]`, any type) as a 2-D view.
+    pub fn slice2d<'a>(&'a self, x: Tensor<'a>, i: usize) -> Result<Tensor<'a>, GgmlError> {
+        let ne = x.ne();
+        if i >= ne[2] || ne[3] != 1 {
+            return Err(GgmlError::Shape {
+                what: "slice2d",
+                expected: format!("an index below {} of a 3-D stack", ne[2]),
+                found: format!("index {i} of {ne:?}"),
+            });
+        }
+        // SAFETY: the tensor is live; its strides describe its own data and slice i lies inside.
+        let (nb1, nb2) = unsafe { ((*x.ptr.as_ptr()).nb[1], (*x.ptr.as_ptr()).nb[2]) };
+        // SAFETY: the view covers exactly slice i (checked above).
+        self.op(0, |c| unsafe {
+            sys::ggml_view_2d(c, x.ptr.as_ptr(), ne[0] as i64, ne[1] as i64, nb1, i * nb2)
+        })
+    }
+
+    /// The tensor of this context named `name`, if any.
+    pub fn get(&self, name: &str) -> Option<Tensor<'_>> {
+        let c = CString::new(name).ok()?;
+        // SAFETY: the context is live; the name is NUL-terminated.
+        let p = unsafe { sys::ggml_get_tensor(self.ptr.as_ptr(), c.as_ptr()) };
+        NonNull::new(p).map(|ptr| Tensor {
+            ptr,
+            _ctx: std::marker::PhantomData,
+        })
+    }
+
     /// Frees every tensor and graph of the context at once (their handles must be gone: `&mut`).
     pub fn reset(&mut self) {
         // SAFETY: the context is live and no tensor borrows it (exclusive borrow).
@@ -444,6 +741,11 @@ impl Context {
 
     /// A graph whose output is `out`, with a reusable work buffer.
     pub fn graph<'a>(&'a self, out: Tensor<'a>) -> Result<Graph<'a>, GgmlError> {
+        self.graph_of(&[out])
+    }
+
+    /// A graph computing all of `outs` (in order), with a reusable work buffer.
+    pub fn graph_of<'a>(&'a self, outs: &[Tensor<'a>]) -> Result<Graph<'a>, GgmlError> {
         // SAFETY: the context is live; the graph is allocated in it (room checked by ggml's
         // overhead function first).
         let size = unsafe { sys::ggml_graph_overhead_custom(2048, false) };
@@ -452,7 +754,9 @@ impl Context {
         let g = unsafe {
             let g = sys::ggml_new_graph_custom(self.ptr.as_ptr(), 2048, false);
             if !g.is_null() {
-                sys::ggml_build_forward_expand(g, out.ptr.as_ptr());
+                for out in outs {
+                    sys::ggml_build_forward_expand(g, out.ptr.as_ptr());
+                }
             }
             g
         };
@@ -483,8 +787,47 @@ impl<'ctx> Tensor<'ctx> {
         ne.map(|x| x as usize)
     }
 
-    fn n_elems(&self) -> usize {
+    /// Names the tensor (at most 63 bytes; longer names are cut), for [`Context::get`].
+    pub fn set_name(&self, name: &str) -> Self {
+        let mut bytes: Vec<u8> = name.bytes().filter(|&b| b != 0).take(63).collect();
+        bytes.push(0);
+        // SAFETY: a NUL-terminated name of at most 64 bytes, which ggml copies.
+        unsafe { sys::ggml_set_name(self.ptr.as_ptr(), bytes.as_ptr().cast()) };
+        *self
+    }
+
+    /// Number of elements.
+    pub fn n_elems(&self) -> usize {
         self.ne().iter().product()
+    }
+
+    /// Bytes of data.
+    pub fn nbytes(&self) -> usize {
+        // SAFETY: the tensor is live.
+        unsafe { sys::ggml_nbytes(self.ptr.as_ptr()) }
+    }
+
+    /// Copies raw bytes (of the tensor's own type) into the tensor.
+    pub fn write_bytes(&self, src: &[u8]) -> Result<(), GgmlError> {
+        if src.len() != self.nbytes() {
+            return Err(GgmlError::Shape {
+                what: "tensor bytes",
+                expected: format!("{} bytes", self.nbytes()),
+                found: format!("{} bytes", src.len()),
+            });
+        }
+        // SAFETY: sizes agree; no reference into the data exists while it is written.
+        unsafe {
+            let p = sys::ggml_get_data(self.ptr.as_ptr()).cast::<u8>();
+            std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len());
+        }
+        Ok(())
+    }
+
+    /// Writes i32 values (row indices, positions) into an i32 tensor.
+    pub fn write_i32(&self, src: &[i32]) -> Result<(), GgmlError> {
+        let bytes: Vec<u8> = src.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.write_bytes(&bytes)
     }
 
     /// Copies the values of an f32 tensor into `out`, which must have the tensor's length.
@@ -530,6 +873,17 @@ impl<'ctx> Tensor<'ctx> {
             });
         }
         Ok(())
+    }
+}
+
+/// A tensor handle without a lifetime: an output of [`OwnedGraph::build`].
+#[derive(Debug, Clone, Copy)]
+pub struct Node(NonNull<sys::ggml_tensor>);
+
+impl Tensor<'_> {
+    /// This tensor as a graph output.
+    pub fn node(self) -> Node {
+        Node(self.ptr)
     }
 }
 
@@ -808,5 +1162,73 @@ impl Drop for LlamaContext<'_> {
     fn drop(&mut self) {
         // SAFETY: the pointer came from llama_init_from_model and is freed once.
         unsafe { sys::llama_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// A context and one graph over it, built once and computed many times.
+///
+/// Inputs and outputs are found by name ([`Tensor::set_name`]); the graph's tensors may read
+/// tensors of other contexts (weights), which must outlive it: the caller keeps those contexts
+/// next to this one and drops them after it.
+#[derive(Debug)]
+pub struct OwnedGraph {
+    ctx: Context,
+    graph: NonNull<sys::ggml_cgraph>,
+    work: Vec<u8>,
+}
+
+// SAFETY: the graph lives in the owned context; used by one thread at a time (not Sync).
+unsafe impl Send for OwnedGraph {}
+
+impl OwnedGraph {
+    /// Builds a graph in a new context of `mem_bytes`: `build` returns the output nodes, which
+    /// are computed in the order given (put cache writes before the nodes that read the cache).
+    ///
+    /// # Safety
+    ///
+    /// The graph may read tensors of other contexts (weights, caches). Every such context must
+    /// outlive the returned `OwnedGraph` and must not be reset while it lives.
+    pub unsafe fn build(
+        mem_bytes: usize,
+        build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,
+    ) -> Result<Self, GgmlError> {
+        let ctx = Context::new(mem_bytes)?;
+        let outs: Vec<Tensor<'_>> = build(&ctx)?
+            .into_iter()
+            .map(|n| Tensor {
+                ptr: n.0,
+                _ctx: std::marker::PhantomData,
+            })
+            .collect();
+        let graph = ctx.graph_of(&outs)?.ptr;
+        Ok(OwnedGraph {
+            ctx,
+            graph,
+            work: Vec::new(),
+        })
+    }
+
+    /// The graph's tensor named `name`.
+    pub fn tensor(&self, name: &str) -> Option<Tensor<'_>> {
+        self.ctx.get(name)
+    }
+
+    /// Computes the graph on `pool`.
+    pub fn compute(&mut self, pool: &Threadpool) -> Result<(), GgmlError> {
+        // SAFETY: the graph lives in self.ctx; the work buffer outlives the call (as in
+        // Graph::compute).
+        let status = unsafe {
+            let mut plan =
+                sys::ggml_graph_plan(self.graph.as_ptr(), pool.n_threads() as i32, pool.as_ptr());
+            if self.work.len() < plan.work_size {
+                self.work.resize(plan.work_size, 0);
+            }
+            plan.work_data = self.work.as_mut_ptr();
+            sys::ggml_graph_compute(self.graph.as_ptr(), &mut plan)
+        };
+        if status != sys::GGML_STATUS_SUCCESS {
+            return Err(GgmlError::Compute { status });
+        }
+        Ok(())
     }
 }

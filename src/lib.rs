@@ -8,6 +8,7 @@
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod code_predictor;
 pub mod error;
 pub mod ffi;
 pub mod gguf;

@@ -1,0 +1,336 @@
+//! The code predictor ("sub-talker", MTP): codebooks 1..15 of a frame from the talker's hidden
+//! state and codebook 0.
+//!
+//! Model: Qwen3-TTS-12Hz `Qwen3TTSTalkerCodePredictorModelForConditionalGeneration` (PyPI `qwen-tts`
+//! 0.1.1, `qwen_tts/core/models/modeling_qwen3_tts.py`): 5 Qwen3 layers (pre-RMSNorm, per-head
+//! q/k RMSNorm, GQA, NeoX RoPE θ = 1e6, SwiGLU), an input projection on the 1.7B models, a final
+//! norm and 15 output heads. Weights: the `a.gen.code.*` tensors of the mmproj GGUF.
+//!
+//! Contract:
+//! - [`CodePredictor::load`] copies the weights into a ggml context and builds the 15 graphs of a
+//!   frame once (the prefill of positions 0 and 1, then one graph per position 2..15), each reading
+//!   and writing a KV cache preallocated for 16 positions. Nothing is allocated per frame.
+//! - [`CodePredictor::frame`] runs the 15 graphs on the caller's thread and threadpool; it blocks
+//!   for the frame's compute and returns codebooks 1..15 via the caller's `pick` function, which
+//!   sees each head's logits (greedy or sampled: the sampler belongs to the caller).
+//! - The KV cache is overwritten from position 0 every frame: positions restart at 0 per frame,
+//!   as in the reference (a fresh `DynamicCache` per `code_predictor.generate`).
+
+use crate::error::ModelError;
+use crate::ffi::{Context, GgmlError, OwnedGraph, Threadpool};
+use crate::gguf::{GgufFile, Value};
+
+/// Positions per frame: the talker's hidden state, codebook 0, then codebooks 1..14 (15 is never
+/// fed back).
+pub const POSITIONS: usize = 16;
+
+/// The code predictor's geometry, read from the mmproj file.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Geometry {
+    /// Width of the talker (of its hidden state and of the codec embeddings).
+    pub n_talker: usize,
+    /// Width of the code predictor.
+    pub n_embd: usize,
+    /// Layers.
+    pub n_layer: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// SwiGLU width.
+    pub n_ff: usize,
+    /// Codes per codebook (2048).
+    pub n_codes: usize,
+    /// Output heads (15).
+    pub n_groups: usize,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// RoPE base.
+    pub theta: f32,
+    /// Whether an input projection exists (talker and code predictor widths differ).
+    pub proj_in: bool,
+}
+
+/// The code predictor stage: weights, KV cache and the graphs of one frame.
+#[derive(Debug)]
+pub struct CodePredictor {
+    geometry: Geometry,
+    /// The graphs; declared before `weights`, so they are dropped first.
+    steps: Vec<OwnedGraph>,
+    /// Read by the graphs through ggml's pointers; owned here to outlive them.
+    #[allow(dead_code)]
+    weights: Context,
+}
+
+fn ggml_err(e: GgmlError) -> ModelError {
+    ModelError::Unsupported {
+        what: "ggml in the code predictor".into(),
+        expected: "success".into(),
+        found: e.to_string(),
+    }
+}
+
+impl Geometry {
+    fn read(f: &GgufFile) -> Result<Self, ModelError> {
+        crate::model::validate::check_mmproj(f.path(), &f.header)?;
+        let h = &f.header;
+        let u = |k: &str| h.get(k).and_then(Value::as_i64).unwrap_or(0) as usize;
+        let head = h
+            .tensor("a.gen.code.head.weight")
+            .map(|t| t.ne.clone())
+            .unwrap_or_default();
+        let q = h
+            .tensor("a.gen.code.blk.0.attn_q.weight")
+            .map(|t| t.ne[1])
+            .unwrap_or(0) as usize;
+        let n_head = u("clip.gen.audio.attention.head_count").max(1);
+        // llama.cpp hard-codes θ = 1e6; the checkpoint's own value travels in the carried config.
+        let theta = h
+            .get(crate::model::convert::KEY_HF_CONFIG)
+            .and_then(Value::as_str)
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+            .and_then(|v| v["talker_config"]["code_predictor_config"]["rope_theta"].as_f64())
+            .unwrap_or(1e6) as f32;
+        let eps = match h.get("clip.gen.audio.attention.layer_norm_epsilon") {
+            Some(Value::F32(e)) => *e,
+            _ => 1e-6,
+        };
+        Ok(Geometry {
+            n_talker: u("clip.gen.audio.projection_dim"),
+            n_embd: u("clip.gen.audio.embedding_length"),
+            n_layer: u("clip.gen.audio.block_count"),
+            n_head,
+            n_head_kv: u("clip.gen.audio.attention.head_count_kv"),
+            head_dim: q / n_head,
+            n_ff: u("clip.gen.audio.feed_forward_length"),
+            n_codes: head.get(1).copied().unwrap_or(0) as usize,
+            n_groups: head.get(2).copied().unwrap_or(0) as usize,
+            eps,
+            theta,
+            proj_in: h.tensor("a.gen.code.proj_in.weight").is_some(),
+        })
+    }
+}
+
+impl CodePredictor {
+    /// Loads the code predictor from a validated mmproj file.
+    pub fn load(f: &GgufFile) -> Result<Self, ModelError> {
+        let g = Geometry::read(f)?;
+        let code: Vec<_> = f
+            .header
+            .tensors
+            .iter()
+            .filter(|t| t.name.starts_with("a.gen.code."))
+            .collect();
+        let weight_bytes: u64 = code.iter().map(|t| t.nbytes).sum();
+        let cache_bytes = 2 * g.n_layer * g.head_dim * g.n_head_kv * POSITIONS * 4;
+        let overhead = (code.len() + 2 * g.n_layer + 16) * 512;
+        let weights = Context::new(weight_bytes as usize + cache_bytes + overhead + (1 << 20))
+            .map_err(ggml_err)?;
+        for t in &code {
+            let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
+            let w = weights.new_tensor(t.ty, &ne).map_err(ggml_err)?;
+            // The validated header guarantees the data is inside the file.
+            let data = f.tensor_data(&t.name).unwrap_or_default();
+            w.write_bytes(data).map_err(ggml_err)?;
+            w.set_name(&t.name);
+        }
+        for l in 0..g.n_layer {
+            for kv in ["k", "v"] {
+                weights
+                    .new_f32(&[g.head_dim, g.n_head_kv, POSITIONS])
+                    .map_err(ggml_err)?
+                    .set_name(&format!("cache.{kv}.{l}"));
+            }
+        }
+        let mut steps = Vec::with_capacity(POSITIONS - 1);
+        for step in 0..POSITIONS - 1 {
+            steps.push(build_step(&weights, &g, step).map_err(ggml_err)?);
+        }
+        Ok(CodePredictor {
+            geometry: g,
+            steps,
+            weights,
+        })
+    }
+
+    /// The geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Runs one frame: `hidden` is the talker's final-normed hidden state (width `n_talker`),
+    /// `code0` its codebook-0 code. For each of the 15 heads, `pick(group, logits)` chooses that
+    /// codebook's code from the head's logits (2048 values). Returns the 15 codes; when `hidden_out`
+    /// is given, it receives the code predictor's final-normed hidden state of positions 0..15
+    /// (`16 × n_embd` values), for tests.
+    pub fn frame(
+        &mut self,
+        pool: &Threadpool,
+        hidden: &[f32],
+        code0: u32,
+        pick: &mut dyn FnMut(usize, &[f32]) -> u32,
+        mut hidden_out: Option<&mut Vec<f32>>,
+    ) -> Result<[u32; 15], ModelError> {
+        let g = self.geometry;
+        if hidden.len() != g.n_talker
+            || code0 as usize >= crate::model::validate::CODEC_VOCAB as usize
+        {
+            return Err(ModelError::Unsupported {
+                what: "code predictor input".into(),
+                expected: format!("a hidden state of {} and a code below 3072", g.n_talker),
+                found: format!("{} values and code {code0}", hidden.len()),
+            });
+        }
+        let mut codes = [0u32; 15];
+        let mut logits = vec![0f32; g.n_codes];
+        if let Some(h) = hidden_out.as_deref_mut() {
+            h.clear();
+        }
+        let mut code = code0;
+        for step in 0..self.steps.len() {
+            let graph = &mut self.steps[step];
+            let missing = |n: &str| {
+                ggml_err(GgmlError::Shape {
+                    what: "graph tensor",
+                    expected: n.to_owned(),
+                    found: "none".into(),
+                })
+            };
+            if step == 0 {
+                let t = graph
+                    .tensor("in.hidden")
+                    .ok_or_else(|| missing("in.hidden"))?;
+                t.write_f32(hidden).map_err(ggml_err)?;
+            }
+            let t = graph.tensor("in.code").ok_or_else(|| missing("in.code"))?;
+            t.write_i32(&[code as i32]).map_err(ggml_err)?;
+            graph.compute(pool).map_err(ggml_err)?;
+            let t = graph
+                .tensor("out.logits")
+                .ok_or_else(|| missing("out.logits"))?;
+            t.read_f32(&mut logits).map_err(ggml_err)?;
+            if let Some(h) = hidden_out.as_deref_mut() {
+                let t = graph
+                    .tensor("out.hidden")
+                    .ok_or_else(|| missing("out.hidden"))?;
+                h.extend(t.to_vec());
+            }
+            code = pick(step, &logits);
+            if code as usize >= g.n_codes {
+                return Err(ModelError::Unsupported {
+                    what: format!("code picked for codebook {}", step + 1),
+                    expected: format!("a code below {}", g.n_codes),
+                    found: code.to_string(),
+                });
+            }
+            codes[step] = code;
+        }
+        Ok(codes)
+    }
+}
+
+/// The graph of step `step` of a frame: step 0 is the prefill of positions 0 and 1 (hidden state
+/// and codebook 0) and predicts codebook 1; step k ≥ 1 feeds codebook k at position k + 1 and
+/// predicts codebook k + 1.
+fn build_step(w: &Context, g: &Geometry, step: usize) -> Result<OwnedGraph, GgmlError> {
+    let (t_len, p0) = if step == 0 { (2, 0) } else { (1, step + 1) };
+    let n_kv = p0 + t_len;
+    let mem = 2 * 1024 * 1024
+        + g.n_layer
+            * 4
+            * t_len
+            * (12 * g.n_embd
+                + 4 * g.n_ff
+                + 3 * g.n_head * n_kv
+                + 2 * g.head_dim * g.n_head_kv * n_kv)
+        + 4 * (g.n_talker * 3 + g.n_codes) * t_len;
+    let get = |n: &str| {
+        w.get(n).ok_or(GgmlError::Shape {
+            what: "weight",
+            expected: n.to_owned(),
+            found: "none".into(),
+        })
+    };
+    // SAFETY: the graph reads the weights and caches of `w`, which `CodePredictor` owns, never
+    // resets, and drops after its graphs (field order).
+    unsafe {
+        OwnedGraph::build(mem, |c| {
+            let code = c.new_i32(1)?.set_name("in.code");
+            let mut x = if step == 0 {
+                let hidden = c.new_f32(&[g.n_talker, 1])?.set_name("in.hidden");
+                let e = c.get_rows(get("a.gen.code.out_embd.weight")?, code)?;
+                c.concat(hidden, e, 1)?
+            } else {
+                let table = c.slice2d(get("a.gen.code.embd.weight")?, step - 1)?;
+                c.get_rows(table, code)?
+            };
+            if g.proj_in {
+                x = c.mul_mat(get("a.gen.code.proj_in.weight")?, x)?;
+                x = c.add(x, get("a.gen.code.proj_in.bias")?)?;
+            }
+            let pos = c.new_i32(t_len)?;
+            pos.write_i32(&(p0..p0 + t_len).map(|p| p as i32).collect::<Vec<_>>())?;
+            let mask = if t_len > 1 {
+                let m = c.new_f32(&[n_kv, t_len])?;
+                let mut v = vec![0f32; n_kv * t_len];
+                for t in 0..t_len {
+                    for n in 0..n_kv {
+                        if n > p0 + t {
+                            v[t * n_kv + n] = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                m.write_f32(&v)?;
+                Some(m)
+            } else {
+                None
+            };
+            let mut outs = Vec::new();
+            let (hd, nh, nkv) = (g.head_dim, g.n_head, g.n_head_kv);
+            for l in 0..g.n_layer {
+                let p = |n: &str| get(&format!("a.gen.code.blk.{l}.{n}"));
+                let h = c.mul(c.rms_norm(x, g.eps)?, p("ln1.weight")?)?;
+                let q = c.reshape(c.mul_mat(p("attn_q.weight")?, h)?, [hd, nh, t_len])?;
+                let q = c.mul(c.rms_norm(q, g.eps)?, p("attn_q_norm.weight")?)?;
+                let q = c.rope_neox(q, pos, hd, g.theta)?;
+                let k = c.reshape(c.mul_mat(p("attn_k.weight")?, h)?, [hd, nkv, t_len])?;
+                let k = c.mul(c.rms_norm(k, g.eps)?, p("attn_k_norm.weight")?)?;
+                let k = c.rope_neox(k, pos, hd, g.theta)?;
+                let v = c.reshape(c.mul_mat(p("attn_v.weight")?, h)?, [hd, nkv, t_len])?;
+                let (ck, cv) = (get(&format!("cache.k.{l}"))?, get(&format!("cache.v.{l}"))?);
+                let nb = [4, 4 * hd, 4 * hd * nkv];
+                outs.push(c.copy_into(k, c.view(ck, [hd, nkv, t_len], nb, p0 * nb[2])?)?);
+                outs.push(c.copy_into(v, c.view(cv, [hd, nkv, t_len], nb, p0 * nb[2])?)?);
+                let keys = c.permute(c.view(ck, [hd, nkv, n_kv], nb, 0)?, [0, 2, 1, 3])?;
+                let vals = c.cont(c.permute(c.view(cv, [hd, nkv, n_kv], nb, 0)?, [1, 2, 0, 3])?)?;
+                let qp = c.permute(q, [0, 2, 1, 3])?;
+                let kq = c.mul_mat(keys, qp)?;
+                let kq = c.soft_max(kq, mask, 1.0 / (hd as f32).sqrt())?;
+                let kqv = c.mul_mat(vals, kq)?;
+                let o = c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, t_len, 1])?;
+                x = c.add(x, c.mul_mat(p("attn_out.weight")?, o)?)?;
+                let h = c.mul(c.rms_norm(x, g.eps)?, p("ln2.weight")?)?;
+                let gate = c.silu(c.mul_mat(p("ffn_gate.weight")?, h)?)?;
+                let up = c.mul_mat(p("ffn_up.weight")?, h)?;
+                x = c.add(x, c.mul_mat(p("ffn_down.weight")?, c.mul(gate, up)?)?)?;
+            }
+            let hidden = c
+                .mul(c.rms_norm(x, g.eps)?, get("a.gen.code.output_norm.weight")?)?
+                .set_name("out.hidden");
+            let last = c.view(
+                hidden,
+                [g.n_embd, 1, 1],
+                [4, 4 * g.n_embd, 4 * g.n_embd],
+                (t_len - 1) * 4 * g.n_embd,
+            )?;
+            let head = c.slice2d(get("a.gen.code.head.weight")?, step)?;
+            let logits = c.mul_mat(head, last)?.set_name("out.logits");
+            outs.push(hidden);
+            outs.push(logits);
+            Ok(outs.into_iter().map(|t| t.node()).collect())
+        })
+    }
+}

@@ -1,0 +1,104 @@
+//! The code predictor against the oracle's `cp_frame` (tiny and tiny17): hidden states and every
+//! head's logits within 1e-4, the 15 greedy codes exact.
+
+mod common;
+
+use qtts::code_predictor::CodePredictor;
+use qtts::ffi::Threadpool;
+use qtts::gguf::GgufFile;
+use qtts::model::convert::OutType;
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn cp_frame_matches_the_oracle() {
+    for name in ["tiny", "tiny17"] {
+        let (_tmp, out) = common::convert_tiny(name, OutType::F32);
+        let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+        let o = common::oracle(&common::fixture(name).join("oracle/cp_frame.safetensors"));
+        let codes: Vec<u32> = o["codes"].iter().map(|&c| c as u32).collect();
+        for threads in [1, 2] {
+            let pool = Threadpool::new(threads, &[]).unwrap();
+            // Teacher-forced with the oracle's codes, recording every head's logits.
+            let mut logits = Vec::new();
+            let mut hidden = Vec::new();
+            let got = cp
+                .frame(
+                    &pool,
+                    &o["past_hidden"],
+                    o["code0"][0] as u32,
+                    &mut |g, l| {
+                        logits.extend_from_slice(l);
+                        codes[g]
+                    },
+                    Some(&mut hidden),
+                )
+                .unwrap();
+            assert_eq!(got.to_vec(), codes);
+            let e = max_abs(&logits, &o["logits"]);
+            eprintln!(
+                "{name}, {threads} threads: logits max abs error {e:e}, hidden {:e}",
+                max_abs(&hidden, &o["hidden"])
+            );
+            assert!(e < 1e-4, "{name}: logits off by {e}");
+            let e = max_abs(&hidden, &o["hidden"]);
+            assert!(e < 1e-4, "{name}: hidden off by {e}");
+            // Greedy on our own logits gives the oracle's codes (smallest margin 0.002).
+            let greedy = cp
+                .frame(
+                    &pool,
+                    &o["past_hidden"],
+                    o["code0"][0] as u32,
+                    &mut |_, l| argmax(l),
+                    None,
+                )
+                .unwrap();
+            assert_eq!(greedy.to_vec(), codes, "{name}: greedy codes");
+        }
+    }
+}
+
+#[test]
+fn frames_do_not_leak_state_into_each_other() {
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+    let o = common::oracle(&common::fixture("tiny").join("oracle/cp_frame.safetensors"));
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let run = |cp: &mut CodePredictor, code0: u32| {
+        cp.frame(&pool, &o["past_hidden"], code0, &mut |_, l| argmax(l), None)
+            .unwrap()
+    };
+    let first = run(&mut cp, o["code0"][0] as u32);
+    let other = run(&mut cp, 7);
+    assert_ne!(first, other);
+    assert_eq!(
+        run(&mut cp, o["code0"][0] as u32),
+        first,
+        "the KV cache is rewritten each frame"
+    );
+    assert!(cp
+        .frame(&pool, &o["past_hidden"][1..], 0, &mut |_, _| 0, None)
+        .is_err());
+    assert!(cp
+        .frame(&pool, &o["past_hidden"], 5000, &mut |_, _| 0, None)
+        .is_err());
+    assert!(cp
+        .frame(&pool, &o["past_hidden"], 0, &mut |_, _| 4096, None)
+        .is_err());
+}
