@@ -537,7 +537,7 @@ impl Context {
         n_dims: usize,
         theta: f32,
     ) -> Result<Tensor<'a>, GgmlError> {
-        if pos.ne()[0] != x.ne()[2] || n_dims > x.ne()[0] || n_dims % 2 != 0 {
+        if pos.ne()[0] != x.ne()[2] || n_dims > x.ne()[0] || !n_dims.is_multiple_of(2) {
             return Err(GgmlError::Shape {
                 what: "rope",
                 expected: format!(
@@ -930,7 +930,7 @@ pub fn quantize(
         expected: format!("rows of a multiple of {} values", ty.block_size()),
         found,
     };
-    if n_per_row == 0 || src.len() % n_per_row != 0 || n_per_row as u64 % ty.block_size() != 0 {
+    if n_per_row == 0 || !src.len().is_multiple_of(n_per_row) || !(n_per_row as u64).is_multiple_of(ty.block_size()) {
         return Err(bad(format!("{} values in rows of {n_per_row}", src.len())));
     }
     // SAFETY: pure query on a valid type id.
@@ -1231,4 +1231,40 @@ impl OwnedGraph {
         }
         Ok(())
     }
+}
+
+/// Dequantizes `data` (whole rows of ggml type `ty`, `n` values) to f32 with ggml's own routine.
+pub fn dequantize(ty: crate::gguf::GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>, GgmlError> {
+    let expected = ty.nbytes(&[n as u64]);
+    if n == 0 || expected != Some(data.len() as u64) {
+        return Err(GgmlError::Shape {
+            what: "dequantize",
+            expected: format!("{expected:?} bytes for {n} values of {ty}"),
+            found: format!("{} bytes", data.len()),
+        });
+    }
+    let mut out = vec![0f32; n];
+    match ty {
+        crate::gguf::GgmlType::F32 => {
+            for (o, c) in out.iter_mut().zip(data.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        _ => {
+            // SAFETY: the traits table has an entry for every known type; to_float reads exactly
+            // the bytes of n values (checked above) and writes n floats.
+            unsafe {
+                let traits = sys::ggml_get_type_traits(ty as u32 as sys::ggml_type);
+                let Some(f) = traits.as_ref().and_then(|t| t.to_float) else {
+                    return Err(GgmlError::Shape {
+                        what: "dequantize",
+                        expected: "a type ggml converts to f32".into(),
+                        found: ty.name().into(),
+                    });
+                };
+                f(data.as_ptr().cast(), out.as_mut_ptr(), n as i64);
+            }
+        }
+    }
+    Ok(out)
 }

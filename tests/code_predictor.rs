@@ -102,3 +102,59 @@ fn frames_do_not_leak_state_into_each_other() {
         .frame(&pool, &o["past_hidden"], 0, &mut |_, _| 4096, None)
         .is_err());
 }
+
+/// Every SIMD kernel the CPU has gives the scalar kernel's bits: on 1,000 random vector pairs of
+/// assorted lengths, and on the fixtures' whole frames.
+#[test]
+fn simd_heads_are_bit_identical_to_scalar() {
+    use qtts::code_predictor::heads::Kernel;
+    let kernels = Kernel::available();
+    eprintln!("kernels on this CPU: {kernels:?}");
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+    };
+    for i in 0..1000 {
+        let n = [1024, 2048, 64, 48, 1, 63, 65, 1000][i % 8];
+        let a: Vec<f32> = (0..n).map(|_| rnd()).collect();
+        let b: Vec<f32> = (0..n).map(|_| rnd()).collect();
+        let want = Kernel::Scalar.dot(&a, &b);
+        let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        assert!(
+            (want as f64 - exact).abs() < 1e-3,
+            "scalar dot is a dot product"
+        );
+        for k in &kernels {
+            assert_eq!(k.dot(&a, &b).to_bits(), want.to_bits(), "{k:?}, n = {n}");
+        }
+    }
+    for name in ["tiny", "tiny17"] {
+        let (_tmp, out) = common::convert_tiny(name, OutType::F32);
+        let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+        let o = common::oracle(&common::fixture(name).join("oracle/cp_frame.safetensors"));
+        let pool = Threadpool::new(1, &[]).unwrap();
+        let mut per_kernel = Vec::new();
+        for k in &kernels {
+            cp.heads_mut().set_kernel(*k);
+            let mut logits = Vec::new();
+            cp.frame(
+                &pool,
+                &o["past_hidden"],
+                o["code0"][0] as u32,
+                &mut |_, l| {
+                    logits.extend(l.iter().map(|x| x.to_bits()));
+                    argmax(l)
+                },
+                None,
+            )
+            .unwrap();
+            per_kernel.push(logits);
+        }
+        for (k, l) in kernels.iter().zip(&per_kernel) {
+            assert_eq!(l, &per_kernel[0], "{name}: {k:?} vs scalar");
+        }
+    }
+}

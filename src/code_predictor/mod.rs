@@ -16,6 +16,10 @@
 //! - The KV cache is overwritten from position 0 every frame: positions restart at 0 per frame,
 //!   as in the reference (a fresh `DynamicCache` per `code_predictor.generate`).
 
+pub mod heads;
+
+use heads::{Heads, Kernel};
+
 use crate::error::ModelError;
 use crate::ffi::{Context, GgmlError, OwnedGraph, Threadpool};
 use crate::gguf::{GgufFile, Value};
@@ -59,6 +63,7 @@ pub struct CodePredictor {
     geometry: Geometry,
     /// The graphs; declared before `weights`, so they are dropped first.
     steps: Vec<OwnedGraph>,
+    heads: Heads,
     /// Read by the graphs through ggml's pointers; owned here to outlive them.
     #[allow(dead_code)]
     weights: Context,
@@ -145,6 +150,17 @@ impl CodePredictor {
                     .set_name(&format!("cache.{kv}.{l}"));
             }
         }
+        let head = f.header.tensor("a.gen.code.head.weight");
+        let head = head.and_then(|t| Some((t, f.tensor_data(&t.name)?)));
+        let Some((head, data)) = head else {
+            return Err(ModelError::MissingTensor {
+                path: f.path().into(),
+                tensor: "a.gen.code.head.weight".into(),
+            });
+        };
+        let n = head.ne.iter().product::<u64>() as usize;
+        let head_f32 = crate::ffi::dequantize(head.ty, data, n).map_err(ggml_err)?;
+        let heads = Heads::new(head_f32, g.n_codes, g.n_embd, Kernel::detect());
         let mut steps = Vec::with_capacity(POSITIONS - 1);
         for step in 0..POSITIONS - 1 {
             steps.push(build_step(&weights, &g, step).map_err(ggml_err)?);
@@ -152,6 +168,7 @@ impl CodePredictor {
         Ok(CodePredictor {
             geometry: g,
             steps,
+            heads,
             weights,
         })
     }
@@ -159,6 +176,11 @@ impl CodePredictor {
     /// The geometry.
     pub fn geometry(&self) -> Geometry {
         self.geometry
+    }
+
+    /// The sample heads (to choose their kernel).
+    pub fn heads_mut(&mut self) -> &mut Heads {
+        &mut self.heads
     }
 
     /// Runs one frame: `hidden` is the talker's final-normed hidden state (width `n_talker`),
@@ -186,12 +208,12 @@ impl CodePredictor {
         }
         let mut codes = [0u32; 15];
         let mut logits = vec![0f32; g.n_codes];
+        let mut last = vec![0f32; g.n_embd];
         if let Some(h) = hidden_out.as_deref_mut() {
             h.clear();
         }
         let mut code = code0;
-        for step in 0..self.steps.len() {
-            let graph = &mut self.steps[step];
+        for (step, graph) in self.steps.iter_mut().enumerate() {
             let missing = |n: &str| {
                 ggml_err(GgmlError::Shape {
                     what: "graph tensor",
@@ -209,9 +231,10 @@ impl CodePredictor {
             t.write_i32(&[code as i32]).map_err(ggml_err)?;
             graph.compute(pool).map_err(ggml_err)?;
             let t = graph
-                .tensor("out.logits")
-                .ok_or_else(|| missing("out.logits"))?;
-            t.read_f32(&mut logits).map_err(ggml_err)?;
+                .tensor("out.last")
+                .ok_or_else(|| missing("out.last"))?;
+            t.read_f32(&mut last).map_err(ggml_err)?;
+            self.heads.logits(step, &last, &mut logits);
             if let Some(h) = hidden_out.as_deref_mut() {
                 let t = graph
                     .tensor("out.hidden")
@@ -326,10 +349,9 @@ fn build_step(w: &Context, g: &Geometry, step: usize) -> Result<OwnedGraph, Ggml
                 [4, 4 * g.n_embd, 4 * g.n_embd],
                 (t_len - 1) * 4 * g.n_embd,
             )?;
-            let head = c.slice2d(get("a.gen.code.head.weight")?, step)?;
-            let logits = c.mul_mat(head, last)?.set_name("out.logits");
+            let last = c.cont(last)?.set_name("out.last");
             outs.push(hidden);
-            outs.push(logits);
+            outs.push(last);
             Ok(outs.into_iter().map(|t| t.node()).collect())
         })
     }

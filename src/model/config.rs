@@ -362,7 +362,7 @@ impl CheckpointConfig {
                 found,
             })
         };
-        let heads_ok = |h: u32, kv: u32| h > 0 && kv > 0 && h % kv == 0;
+        let heads_ok = |h: u32, kv: u32| h > 0 && kv > 0 && h.is_multiple_of(kv);
         if !heads_ok(t.num_attention_heads, t.num_key_value_heads) {
             return bad(
                 &cfg,
@@ -486,7 +486,7 @@ impl CheckpointConfig {
             .iter()
             .chain(&d.upsampling_ratios)
             .product();
-        if product != self.speech_tokenizer.decode_upsample_rate || d.codebook_dim % 2 != 0 {
+        if product != self.speech_tokenizer.decode_upsample_rate || !d.codebook_dim.is_multiple_of(2) {
             return bad(
                 &st,
                 "decoder_config.upsample_rates",
@@ -497,7 +497,7 @@ impl CheckpointConfig {
                 format!("{:?} × {:?}", d.upsample_rates, d.upsampling_ratios),
             );
         }
-        if d.decoder_dim % (1 << d.upsample_rates.len()) != 0
+        if !d.decoder_dim.is_multiple_of(1 << d.upsample_rates.len())
             || d.num_attention_heads * d.head_dim == 0
         {
             return bad(

@@ -71,7 +71,7 @@ impl OutTensor {
             Role::Conv => GgmlType::F16,
             Role::Matrix => {
                 // Rows that are not whole blocks fall back to a coarser block, then to f16.
-                let fits = |t: GgmlType| self.ne[0] % t.block_size() == 0;
+                let fits = |t: GgmlType| self.ne[0].is_multiple_of(t.block_size());
                 [requested, GgmlType::Q8_0, GgmlType::F16]
                     .into_iter()
                     .find(|&t| fits(t))
