@@ -930,7 +930,10 @@ pub fn quantize(
         expected: format!("rows of a multiple of {} values", ty.block_size()),
         found,
     };
-    if n_per_row == 0 || !src.len().is_multiple_of(n_per_row) || !(n_per_row as u64).is_multiple_of(ty.block_size()) {
+    if n_per_row == 0
+        || !src.len().is_multiple_of(n_per_row)
+        || !(n_per_row as u64).is_multiple_of(ty.block_size())
+    {
         return Err(bad(format!("{} values in rows of {n_per_row}", src.len())));
     }
     // SAFETY: pure query on a valid type id.

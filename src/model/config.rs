@@ -486,7 +486,9 @@ impl CheckpointConfig {
             .iter()
             .chain(&d.upsampling_ratios)
             .product();
-        if product != self.speech_tokenizer.decode_upsample_rate || !d.codebook_dim.is_multiple_of(2) {
+        if product != self.speech_tokenizer.decode_upsample_rate
+            || !d.codebook_dim.is_multiple_of(2)
+        {
             return bad(
                 &st,
                 "decoder_config.upsample_rates",

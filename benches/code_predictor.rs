@@ -1,0 +1,110 @@
+//! One code-predictor frame (15 graph computes + 15 sample heads) on the full-size 0.6B geometry,
+//! at f32, f16, q8_0 and q4_K weights, with the scalar heads as the in-run baseline of the SIMD
+//! heads; and the 15 heads alone, scalar vs SIMD.
+//!
+//! Run with: `cargo bench --bench code_predictor`. The model comes from `QTTS_BENCH_MODELS`
+//! (a directory of `mmproj-<type>.gguf`), else it is made once under the target directory with
+//! `qtts random-model --preset 0.6b-customvoice` and `qtts convert` (a few minutes, 6 GB of disk).
+
+use std::path::{Path, PathBuf};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use qtts::code_predictor::heads::{Heads, Kernel};
+use qtts::code_predictor::CodePredictor;
+use qtts::ffi::Threadpool;
+use qtts::gguf::GgufFile;
+use qtts::model::config::Preset;
+use qtts::model::convert::{convert, OutType};
+
+const TYPES: [OutType; 4] = [OutType::F32, OutType::F16, OutType::Q8_0, OutType::Q4K];
+
+fn models() -> PathBuf {
+    if let Some(dir) = std::env::var_os("QTTS_BENCH_MODELS") {
+        return dir.into();
+    }
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    let dir = target.join("qtts-bench").join("0.6b-customvoice");
+    let ckpt = dir.join("checkpoint");
+    if !ckpt.join("model.safetensors").exists() {
+        let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tts/tokenizer");
+        eprintln!("writing a random 0.6B checkpoint into {}", ckpt.display());
+        qtts::model::random::write_random_checkpoint(
+            Preset::Small06CustomVoice,
+            1,
+            &tok,
+            &ckpt,
+            &mut |_, _| {},
+        )
+        .unwrap();
+    }
+    for ty in TYPES {
+        if !dir.join(format!("mmproj-{}.gguf", ty.name())).exists() {
+            eprintln!("converting to {}", ty.name());
+            convert(&ckpt, None, &dir, ty, &mut |_, _| {}).unwrap();
+        }
+    }
+    dir
+}
+
+fn bench(c: &mut Criterion) {
+    let dir = models();
+    let simd = Kernel::detect();
+    let hidden: Vec<f32> = (0..1024)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    for threads in [1, 2] {
+        let pool = Threadpool::new(threads, &[]).unwrap();
+        let mut g = c.benchmark_group(format!("cp frame, {threads} thread(s)"));
+        g.sample_size(20);
+        for ty in TYPES {
+            let f = GgufFile::open(dir.join(format!("mmproj-{}.gguf", ty.name()))).unwrap();
+            let mut cp = CodePredictor::load(&f).unwrap();
+            for kernel in [Kernel::Scalar, simd] {
+                cp.heads_mut().set_kernel(kernel);
+                g.bench_function(format!("{} weights, {kernel:?} heads", ty.name()), |b| {
+                    b.iter(|| {
+                        cp.frame(
+                            &pool,
+                            &hidden,
+                            100,
+                            &mut |_, l| {
+                                let mut best = 0;
+                                for (i, &x) in l.iter().enumerate() {
+                                    if x > l[best] {
+                                        best = i;
+                                    }
+                                }
+                                best as u32
+                            },
+                            None,
+                        )
+                        .unwrap()
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+    // The heads alone: 15 heads of 2048 × 1024 on one hidden state.
+    let w: Vec<f32> = (0..15 * 2048 * 1024)
+        .map(|i| ((i * 31 % 977) as f32 / 488.0) - 1.0)
+        .collect();
+    let mut heads = Heads::new(w, 2048, 1024, Kernel::Scalar);
+    let mut out = vec![0f32; 2048];
+    let mut g = c.benchmark_group("15 sample heads (2048 x 1024, f32)");
+    for kernel in [Kernel::Scalar, simd] {
+        heads.set_kernel(kernel);
+        g.bench_function(format!("{kernel:?}"), |b| {
+            b.iter(|| {
+                for group in 0..15 {
+                    heads.logits(group, &hidden, &mut out);
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
