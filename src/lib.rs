@@ -13,5 +13,6 @@ pub mod error;
 pub mod ffi;
 pub mod gguf;
 pub mod model;
+pub mod text;
 
 pub use error::ModelError;

@@ -4,32 +4,13 @@ use std::path::Path;
 
 use crate::error::ModelError;
 
-/// GPT-2's byte-to-character map: the alphabet of byte-level BPE vocabularies (Qwen2's included).
-pub fn byte_chars() -> [char; 256] {
-    let printable = |b: u32| {
-        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-    };
-    let mut chars = ['\0'; 256];
-    let mut next = 256;
-    for b in 0..256u32 {
-        let c = if printable(b) {
-            b
-        } else {
-            next += 1;
-            next - 1
-        };
-        chars[b as usize] = char::from_u32(c).unwrap_or('\u{FFFD}');
-    }
-    chars
-}
-
 /// Writes a byte-level BPE tokenizer (`vocab.json`, `merges.txt`, `tokenizer_config.json`) for the
 /// oracle's tiny checkpoints into `dir`: 256 byte tokens, `assistant` and `\n` at the ids the tiny
 /// configs use (1002, 1003), and the specials `<|im_start|>` 1000, `<|im_end|>` 1001, `<tts_pad>`
 /// 1004, `<tts_text_bos>` 1005, `<tts_text_eod>` 1006 (`tests/fixtures/tiny/manifest.json`).
 pub fn write_tiny_tokenizer(dir: &Path) -> Result<(), ModelError> {
     let mut vocab = serde_json::Map::new();
-    for (i, c) in byte_chars().iter().enumerate() {
+    for (i, c) in crate::text::bpe::byte_chars().iter().enumerate() {
         vocab.insert(c.to_string(), i.into());
     }
     vocab.insert("as".into(), 256.into());
