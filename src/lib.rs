@@ -13,6 +13,7 @@ pub mod error;
 pub mod ffi;
 pub mod gguf;
 pub mod model;
+pub mod sampling;
 pub mod text;
 
 pub use error::ModelError;

@@ -1,0 +1,137 @@
+//! Choosing a code from logits: greedy, or temperature, top-k and top-p sampling with a seeded RNG.
+//!
+//! Semantics and order are those of Hugging Face `generate` as the official `qwen-tts` package runs
+//! it (`TemperatureLogitsWarper`, `TopKLogitsWarper`, `TopPLogitsWarper`, then a draw from the
+//! softmax): temperature divides the logits; top-k keeps the logits at or above the k-th largest
+//! (ties kept); top-p sorts ascending and drops the tokens whose cumulative probability is at most
+//! `1 - top_p`, always keeping the most likely one. The draw itself uses this crate's ChaCha8
+//! generator, so a seed reproduces a run of this engine, not a run of PyTorch.
+//! The processors that come before (repetition penalty, suppressed ids, EOS masking) belong to the
+//! talker; the code predictor uses none (MODEL-NOTES.md §4).
+//!
+//! Contract: a [`Sampler`] owns its scratch buffers, sized on first use; after that
+//! [`Sampler::sample`] allocates nothing, takes no lock and runs in O(n log n) of the vocabulary.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Sampling settings for one codebook group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    /// Sample (true) or take the argmax (false).
+    pub do_sample: bool,
+    /// Divides the logits; must be above 0 when sampling.
+    pub temperature: f32,
+    /// Keep the k most likely (0: all).
+    pub top_k: usize,
+    /// Keep the smallest most-likely set of probability above `top_p` (1.0: all).
+    pub top_p: f32,
+}
+
+impl SamplingParams {
+    /// Greedy decoding.
+    pub const GREEDY: SamplingParams = SamplingParams {
+        do_sample: false,
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+    };
+}
+
+/// A seeded sampler with its scratch space.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    rng: ChaCha8Rng,
+    order: Vec<u32>,
+    probs: Vec<f32>,
+}
+
+/// The index of the largest value (the first of equal ones), as Hugging Face's argmax.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl Sampler {
+    /// A sampler whose draws are determined by `seed`.
+    pub fn new(seed: u64) -> Self {
+        Sampler {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            order: Vec::new(),
+            probs: Vec::new(),
+        }
+    }
+
+    /// Picks a code from `logits` with `p`. Non-finite logits count as -inf; when every logit is
+    /// -inf the argmax (index 0) is returned.
+    pub fn sample(&mut self, logits: &[f32], p: &SamplingParams) -> u32 {
+        if !p.do_sample || logits.is_empty() {
+            return argmax(logits);
+        }
+        let t = if p.temperature > 0.0 {
+            p.temperature
+        } else {
+            1.0
+        };
+        let n = logits.len();
+        self.order.clear();
+        self.order.extend(0..n as u32);
+        let key = |i: u32| {
+            let x = logits[i as usize];
+            if x.is_finite() {
+                x / t
+            } else {
+                f32::NEG_INFINITY
+            }
+        };
+        // Descending by logit, ties by index: a total, deterministic order.
+        self.order
+            .sort_unstable_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+        let mut keep = n;
+        if p.top_k > 0 && p.top_k < n {
+            let kth = key(self.order[p.top_k - 1]);
+            keep = self.order.iter().take_while(|&&i| key(i) >= kth).count();
+        }
+        let max = key(self.order[0]);
+        if max == f32::NEG_INFINITY {
+            return argmax(logits);
+        }
+        self.probs.clear();
+        let mut sum = 0f64;
+        for &i in &self.order[..keep] {
+            let e = ((key(i) - max) as f64).exp();
+            sum += e;
+            self.probs.push(e as f32);
+        }
+        if p.top_p < 1.0 {
+            // Ascending cumulative mass; drop while it stays at or under 1 - top_p.
+            let drop_mass = (1.0 - p.top_p as f64) * sum;
+            let mut cum = 0f64;
+            let mut drop = 0;
+            for &e in self.probs.iter().rev() {
+                cum += e as f64;
+                if cum <= drop_mass {
+                    drop += 1;
+                } else {
+                    break;
+                }
+            }
+            keep = (keep - drop).max(1);
+            self.probs.truncate(keep);
+            sum = self.probs.iter().map(|&e| e as f64).sum();
+        }
+        let mut u = self.rng.random::<f64>() * sum;
+        for (j, &e) in self.probs.iter().enumerate() {
+            u -= e as f64;
+            if u < 0.0 {
+                return self.order[j];
+            }
+        }
+        self.order[keep - 1]
+    }
+}
