@@ -158,3 +158,37 @@ fn simd_heads_are_bit_identical_to_scalar() {
         }
     }
 }
+
+/// The KV-cached frame equals recomputing every position at every step, on the oracle's frame
+/// and on a frame of other codes.
+#[test]
+fn kv_cached_frame_equals_full_recompute() {
+    for name in ["tiny", "tiny17"] {
+        let (_tmp, out) = common::convert_tiny(name, OutType::F32);
+        let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+        let o = common::oracle(&common::fixture(name).join("oracle/cp_frame.safetensors"));
+        let pool = Threadpool::new(2, &[]).unwrap();
+        for code0 in [o["code0"][0] as u32, 2049, 11] {
+            let (codes, full) = cp
+                .frame_recomputed(&pool, &o["past_hidden"], code0, &mut |_, l| argmax(l))
+                .unwrap();
+            let mut cached = Vec::new();
+            let got = cp
+                .frame(
+                    &pool,
+                    &o["past_hidden"],
+                    code0,
+                    &mut |_, l| {
+                        cached.extend_from_slice(l);
+                        argmax(l)
+                    },
+                    None,
+                )
+                .unwrap();
+            assert_eq!(got, codes, "{name}, code0 {code0}");
+            let e = max_abs(&cached, &full);
+            eprintln!("{name}, code0 {code0}: cached vs recomputed logits {e:e}");
+            assert!(e < 1e-5, "{name}, code0 {code0}: {e}");
+        }
+    }
+}

@@ -65,7 +65,6 @@ pub struct CodePredictor {
     steps: Vec<OwnedGraph>,
     heads: Heads,
     /// Read by the graphs through ggml's pointers; owned here to outlive them.
-    #[allow(dead_code)]
     weights: Context,
 }
 
@@ -163,7 +162,7 @@ impl CodePredictor {
         let heads = Heads::new(head_f32, g.n_codes, g.n_embd, Kernel::detect());
         let mut steps = Vec::with_capacity(POSITIONS - 1);
         for step in 0..POSITIONS - 1 {
-            steps.push(build_step(&weights, &g, step).map_err(ggml_err)?);
+            steps.push(build_step(&weights, &g, step, true).map_err(ggml_err)?);
         }
         Ok(CodePredictor {
             geometry: g,
@@ -255,11 +254,69 @@ impl CodePredictor {
     }
 }
 
+impl CodePredictor {
+    /// [`CodePredictor::frame`] without the KV cache: each of the 15 steps builds a graph over all
+    /// positions so far and recomputes them (allocating, and 15× the work). The reference the cached
+    /// path is tested against; returns the codes and the 15 heads' logits.
+    pub fn frame_recomputed(
+        &mut self,
+        pool: &Threadpool,
+        hidden: &[f32],
+        code0: u32,
+        pick: &mut dyn FnMut(usize, &[f32]) -> u32,
+    ) -> Result<([u32; 15], Vec<f32>), ModelError> {
+        let g = self.geometry;
+        let mut codes = vec![code0];
+        let mut all = Vec::with_capacity(15 * g.n_codes);
+        let mut last = vec![0f32; g.n_embd];
+        let mut logits = vec![0f32; g.n_codes];
+        for step in 0..POSITIONS - 1 {
+            let mut graph = build_step(&self.weights, &g, step, false).map_err(ggml_err)?;
+            let t = |n: &str| {
+                graph.tensor(n).ok_or_else(|| {
+                    ggml_err(GgmlError::Shape {
+                        what: "graph tensor",
+                        expected: n.to_owned(),
+                        found: "none".into(),
+                    })
+                })
+            };
+            t("in.hidden")?.write_f32(hidden).map_err(ggml_err)?;
+            let ids: Vec<i32> = codes.iter().map(|&c| c as i32).collect();
+            t("in.codes")?.write_i32(&ids).map_err(ggml_err)?;
+            graph.compute(pool).map_err(ggml_err)?;
+            let t = graph
+                .tensor("out.last")
+                .ok_or_else(|| ggml_err(GgmlError::Compute { status: -1 }))?;
+            t.read_f32(&mut last).map_err(ggml_err)?;
+            self.heads.logits(step, &last, &mut logits);
+            all.extend_from_slice(&logits);
+            codes.push(pick(step, &logits));
+        }
+        let mut out = [0u32; 15];
+        out.copy_from_slice(&codes[1..]);
+        Ok((out, all))
+    }
+}
+
 /// The graph of step `step` of a frame: step 0 is the prefill of positions 0 and 1 (hidden state
 /// and codebook 0) and predicts codebook 1; step k ≥ 1 feeds codebook k at position k + 1 and
-/// predicts codebook k + 1.
-fn build_step(w: &Context, g: &Geometry, step: usize) -> Result<OwnedGraph, GgmlError> {
-    let (t_len, p0) = if step == 0 { (2, 0) } else { (1, step + 1) };
+/// predicts codebook k + 1, reading positions 0..k from the KV cache.
+///
+/// With `cached` false the graph instead recomputes every position 0..=k+1 from its input codes
+/// (`in.codes`: codebooks 0..=k) without touching the cache: the reference the cached graphs are
+/// tested against.
+fn build_step(
+    w: &Context,
+    g: &Geometry,
+    step: usize,
+    cached: bool,
+) -> Result<OwnedGraph, GgmlError> {
+    let (t_len, p0) = match (cached, step) {
+        (false, _) => (step + 2, 0),
+        (true, 0) => (2, 0),
+        (true, _) => (1, step + 1),
+    };
     let n_kv = p0 + t_len;
     let mem = 2 * 1024 * 1024
         + g.n_layer
@@ -269,7 +326,7 @@ fn build_step(w: &Context, g: &Geometry, step: usize) -> Result<OwnedGraph, Ggml
                 + 4 * g.n_ff
                 + 3 * g.n_head * n_kv
                 + 2 * g.head_dim * g.n_head_kv * n_kv)
-        + 4 * (g.n_talker * 3 + g.n_codes) * t_len;
+        + 4 * (g.n_talker * 3 + g.n_codes) * t_len * (step + 2);
     let get = |n: &str| {
         w.get(n).ok_or(GgmlError::Shape {
             what: "weight",
@@ -278,17 +335,33 @@ fn build_step(w: &Context, g: &Geometry, step: usize) -> Result<OwnedGraph, Ggml
         })
     };
     // SAFETY: the graph reads the weights and caches of `w`, which `CodePredictor` owns, never
-    // resets, and drops after its graphs (field order).
+    // resets, and drops after its graphs (field order); the uncached graphs of
+    // `frame_recomputed` are dropped before that call returns.
     unsafe {
         OwnedGraph::build(mem, |c| {
-            let code = c.new_i32(1)?.set_name("in.code");
-            let mut x = if step == 0 {
-                let hidden = c.new_f32(&[g.n_talker, 1])?.set_name("in.hidden");
-                let e = c.get_rows(get("a.gen.code.out_embd.weight")?, code)?;
-                c.concat(hidden, e, 1)?
-            } else {
+            // The input rows: the hidden state and codebook 0 at positions 0 and 1, then
+            // codebook k at position k + 1.
+            let mut x = if cached && step > 0 {
+                let code = c.new_i32(1)?.set_name("in.code");
                 let table = c.slice2d(get("a.gen.code.embd.weight")?, step - 1)?;
                 c.get_rows(table, code)?
+            } else {
+                let n_codes = if cached { 1 } else { step + 1 };
+                let codes =
+                    c.new_i32(n_codes)?
+                        .set_name(if cached { "in.code" } else { "in.codes" });
+                let hidden = c.new_f32(&[g.n_talker, 1])?.set_name("in.hidden");
+                let one = |k: usize| c.view(codes, [1, 1, 1], [4, 4, 4], 4 * k);
+                let mut x = c.concat(
+                    hidden,
+                    c.get_rows(get("a.gen.code.out_embd.weight")?, one(0)?)?,
+                    1,
+                )?;
+                for k in 1..n_codes {
+                    let table = c.slice2d(get("a.gen.code.embd.weight")?, k - 1)?;
+                    x = c.concat(x, c.get_rows(table, one(k)?)?, 1)?;
+                }
+                x
             };
             if g.proj_in {
                 x = c.mul_mat(get("a.gen.code.proj_in.weight")?, x)?;
@@ -323,12 +396,22 @@ fn build_step(w: &Context, g: &Geometry, step: usize) -> Result<OwnedGraph, Ggml
                 let k = c.mul(c.rms_norm(k, g.eps)?, p("attn_k_norm.weight")?)?;
                 let k = c.rope_neox(k, pos, hd, g.theta)?;
                 let v = c.reshape(c.mul_mat(p("attn_v.weight")?, h)?, [hd, nkv, t_len])?;
-                let (ck, cv) = (get(&format!("cache.k.{l}"))?, get(&format!("cache.v.{l}"))?);
-                let nb = [4, 4 * hd, 4 * hd * nkv];
-                outs.push(c.copy_into(k, c.view(ck, [hd, nkv, t_len], nb, p0 * nb[2])?)?);
-                outs.push(c.copy_into(v, c.view(cv, [hd, nkv, t_len], nb, p0 * nb[2])?)?);
-                let keys = c.permute(c.view(ck, [hd, nkv, n_kv], nb, 0)?, [0, 2, 1, 3])?;
-                let vals = c.cont(c.permute(c.view(cv, [hd, nkv, n_kv], nb, 0)?, [1, 2, 0, 3])?)?;
+                // Keys and values of positions 0..n_kv, [hd, nkv, n_kv]: from the cache, after
+                // writing this step's rows into it, or straight from this graph.
+                let (keys, vals) = if cached {
+                    let (ck, cv) = (get(&format!("cache.k.{l}"))?, get(&format!("cache.v.{l}"))?);
+                    let nb = [4, 4 * hd, 4 * hd * nkv];
+                    outs.push(c.copy_into(k, c.view(ck, [hd, nkv, t_len], nb, p0 * nb[2])?)?);
+                    outs.push(c.copy_into(v, c.view(cv, [hd, nkv, t_len], nb, p0 * nb[2])?)?);
+                    (
+                        c.view(ck, [hd, nkv, n_kv], nb, 0)?,
+                        c.view(cv, [hd, nkv, n_kv], nb, 0)?,
+                    )
+                } else {
+                    (k, v)
+                };
+                let keys = c.permute(keys, [0, 2, 1, 3])?;
+                let vals = c.cont(c.permute(vals, [1, 2, 0, 3])?)?;
                 let qp = c.permute(q, [0, 2, 1, 3])?;
                 let kq = c.mul_mat(keys, qp)?;
                 let kq = c.soft_max(kq, mask, 1.0 / (hd as f32).sqrt())?;
@@ -343,12 +426,8 @@ fn build_step(w: &Context, g: &Geometry, step: usize) -> Result<OwnedGraph, Ggml
             let hidden = c
                 .mul(c.rms_norm(x, g.eps)?, get("a.gen.code.output_norm.weight")?)?
                 .set_name("out.hidden");
-            let last = c.view(
-                hidden,
-                [g.n_embd, 1, 1],
-                [4, 4 * g.n_embd, 4 * g.n_embd],
-                (t_len - 1) * 4 * g.n_embd,
-            )?;
+            let nb = [4, 4 * g.n_embd, 4 * g.n_embd];
+            let last = c.view(hidden, [g.n_embd, 1, 1], nb, (t_len - 1) * 4 * g.n_embd)?;
             let last = c.cont(last)?.set_name("out.last");
             outs.push(hidden);
             outs.push(last);
