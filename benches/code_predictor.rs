@@ -49,6 +49,8 @@ fn models() -> PathBuf {
 
 fn bench(c: &mut Criterion) {
     let dir = models();
+    // The per-step split of one frame, from the engine's own profile (QTTS_PROFILE), per type.
+    std::env::set_var("QTTS_PROFILE", "1");
     let simd = Kernel::detect();
     let hidden: Vec<f32> = (0..1024)
         .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
@@ -60,6 +62,17 @@ fn bench(c: &mut Criterion) {
         for ty in TYPES {
             let f = GgufFile::open(dir.join(format!("mmproj-{}.gguf", ty.name()))).unwrap();
             let mut cp = CodePredictor::load(&f).unwrap();
+            let greedy = &mut |_: usize, l: &[f32]| qtts::sampling::argmax(l);
+            for _ in 0..10 {
+                cp.frame(&pool, &hidden, 100, greedy, None).unwrap();
+            }
+            if let Some(p) = cp.take_profile() {
+                eprintln!(
+                    "{} weights, {threads} thread(s), {simd:?} heads:\n{}",
+                    ty.name(),
+                    p.table()
+                );
+            }
             for kernel in [Kernel::Scalar, simd] {
                 cp.heads_mut().set_kernel(kernel);
                 g.bench_function(format!("{} weights, {kernel:?} heads", ty.name()), |b| {

@@ -192,3 +192,23 @@ fn kv_cached_frame_equals_full_recompute() {
         }
     }
 }
+
+/// `QTTS_PROFILE=1` splits each frame's time by sub-step and kind, and counts frames.
+#[test]
+fn profile_accounts_for_every_frame() {
+    // Read once, at load; other tests of this binary only get profiled too.
+    std::env::set_var("QTTS_PROFILE", "1");
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+    let o = common::oracle(&common::fixture("tiny").join("oracle/cp_frame.safetensors"));
+    let pool = Threadpool::new(1, &[]).unwrap();
+    for _ in 0..3 {
+        cp.frame(&pool, &o["past_hidden"], 5, &mut |_, l| argmax(l), None)
+            .unwrap();
+    }
+    let p = cp.take_profile().unwrap();
+    assert_eq!(p.frames, 3);
+    assert!(p.compute.iter().all(|d| !d.is_zero()), "{p:?}");
+    assert!(p.table().contains("total"));
+    assert_eq!(cp.profile().unwrap().frames, 0, "taken");
+}

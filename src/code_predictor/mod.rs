@@ -57,6 +57,62 @@ pub struct Geometry {
     pub proj_in: bool,
 }
 
+/// Where the code predictor's time went (`QTTS_PROFILE=1`), per sub-step of a frame, summed over
+/// frames.
+#[derive(Debug, Clone, Default)]
+pub struct Profile {
+    /// Frames run.
+    pub frames: u64,
+    /// Loading: weight copies and building the 15 graphs (once).
+    pub load: std::time::Duration,
+    /// Writing inputs and reading outputs of the graphs.
+    pub copies: [std::time::Duration; 15],
+    /// ggml graph compute.
+    pub compute: [std::time::Duration; 15],
+    /// The host sample heads.
+    pub heads: [std::time::Duration; 15],
+    /// The caller's pick (sampling).
+    pub pick: [std::time::Duration; 15],
+}
+
+impl Profile {
+    /// A table of mean milliseconds per frame, per sub-step and in total.
+    pub fn table(&self) -> String {
+        let n = self.frames.max(1) as f64;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / n;
+        let mut s = format!(
+            "code predictor: {} frames, load {:.1} ms; mean ms per frame\nstep  compute  heads  pick  copies\n",
+            self.frames,
+            self.load.as_secs_f64() * 1e3
+        );
+        let mut tot = [0f64; 4];
+        for i in 0..15 {
+            let row = [
+                ms(self.compute[i]),
+                ms(self.heads[i]),
+                ms(self.pick[i]),
+                ms(self.copies[i]),
+            ];
+            for (t, r) in tot.iter_mut().zip(row) {
+                *t += r;
+            }
+            s += &format!(
+                "{:>4} {:>8.3} {:>6.3} {:>5.3} {:>7.3}\n",
+                i, row[0], row[1], row[2], row[3]
+            );
+        }
+        s += &format!(
+            "total {:>7.3} {:>6.3} {:>5.3} {:>7.3}  = {:.3} ms\n",
+            tot[0],
+            tot[1],
+            tot[2],
+            tot[3],
+            tot.iter().sum::<f64>()
+        );
+        s
+    }
+}
+
 /// The code predictor stage: weights, KV cache and the graphs of one frame.
 #[derive(Debug)]
 pub struct CodePredictor {
@@ -64,6 +120,9 @@ pub struct CodePredictor {
     /// The graphs; declared before `weights`, so they are dropped first.
     steps: Vec<OwnedGraph>,
     heads: Heads,
+    logits: Vec<f32>,
+    last: Vec<f32>,
+    profile: Option<Profile>,
     /// Read by the graphs through ggml's pointers; owned here to outlive them.
     weights: Context,
 }
@@ -121,6 +180,7 @@ impl Geometry {
 impl CodePredictor {
     /// Loads the code predictor from a validated mmproj file.
     pub fn load(f: &GgufFile) -> Result<Self, ModelError> {
+        let started = std::time::Instant::now();
         let g = Geometry::read(f)?;
         let code: Vec<_> = f
             .header
@@ -164,10 +224,19 @@ impl CodePredictor {
         for step in 0..POSITIONS - 1 {
             steps.push(build_step(&weights, &g, step, true).map_err(ggml_err)?);
         }
+        let profile = std::env::var_os("QTTS_PROFILE")
+            .is_some_and(|v| v == "1")
+            .then(|| Profile {
+                load: started.elapsed(),
+                ..Profile::default()
+            });
         Ok(CodePredictor {
             geometry: g,
             steps,
             heads,
+            logits: vec![0.0; g.n_codes],
+            last: vec![0.0; g.n_embd],
+            profile,
             weights,
         })
     }
@@ -206,12 +275,22 @@ impl CodePredictor {
             });
         }
         let mut codes = [0u32; 15];
-        let mut logits = vec![0f32; g.n_codes];
-        let mut last = vec![0f32; g.n_embd];
+        let (logits, last) = (&mut self.logits, &mut self.last);
         if let Some(h) = hidden_out.as_deref_mut() {
             h.clear();
         }
         let mut code = code0;
+        let profiling = self.profile.is_some();
+        let mut clock = profiling.then(std::time::Instant::now);
+        let mut lap = |slot: fn(&mut Profile) -> &mut [std::time::Duration; 15],
+                       step: usize,
+                       profile: &mut Option<Profile>| {
+            if let (Some(t), Some(p)) = (clock.as_mut(), profile.as_mut()) {
+                let now = std::time::Instant::now();
+                slot(p)[step] += now - *t;
+                *t = now;
+            }
+        };
         for (step, graph) in self.steps.iter_mut().enumerate() {
             let missing = |n: &str| {
                 ggml_err(GgmlError::Shape {
@@ -228,19 +307,24 @@ impl CodePredictor {
             }
             let t = graph.tensor("in.code").ok_or_else(|| missing("in.code"))?;
             t.write_i32(&[code as i32]).map_err(ggml_err)?;
+            lap(|p| &mut p.copies, step, &mut self.profile);
             graph.compute(pool).map_err(ggml_err)?;
+            lap(|p| &mut p.compute, step, &mut self.profile);
             let t = graph
                 .tensor("out.last")
                 .ok_or_else(|| missing("out.last"))?;
-            t.read_f32(&mut last).map_err(ggml_err)?;
-            self.heads.logits(step, &last, &mut logits);
+            t.read_f32(last).map_err(ggml_err)?;
+            lap(|p| &mut p.copies, step, &mut self.profile);
+            self.heads.logits(step, last, logits);
+            lap(|p| &mut p.heads, step, &mut self.profile);
             if let Some(h) = hidden_out.as_deref_mut() {
                 let t = graph
                     .tensor("out.hidden")
                     .ok_or_else(|| missing("out.hidden"))?;
                 h.extend(t.to_vec());
             }
-            code = pick(step, &logits);
+            code = pick(step, logits);
+            lap(|p| &mut p.pick, step, &mut self.profile);
             if code as usize >= g.n_codes {
                 return Err(ModelError::Unsupported {
                     what: format!("code picked for codebook {}", step + 1),
@@ -250,7 +334,24 @@ impl CodePredictor {
             }
             codes[step] = code;
         }
+        if let Some(p) = self.profile.as_mut() {
+            p.frames += 1;
+        }
         Ok(codes)
+    }
+
+    /// The time profile so far, when `QTTS_PROFILE=1` was set at load.
+    pub fn profile(&self) -> Option<&Profile> {
+        self.profile.as_ref()
+    }
+
+    /// Returns the profile so far and starts a new one (at the end of an utterance).
+    pub fn take_profile(&mut self) -> Option<Profile> {
+        let load = self.profile.as_ref()?.load;
+        self.profile.replace(Profile {
+            load,
+            ..Profile::default()
+        })
     }
 }
 

@@ -1178,6 +1178,8 @@ pub struct OwnedGraph {
     ctx: Context,
     graph: NonNull<sys::ggml_cgraph>,
     work: Vec<u8>,
+    /// The tensors named `in.*` and `out.*`, found once at build.
+    ports: Vec<(String, NonNull<sys::ggml_tensor>)>,
 }
 
 // SAFETY: the graph lives in the owned context; used by one thread at a time (not Sync).
@@ -1204,16 +1206,36 @@ impl OwnedGraph {
             })
             .collect();
         let graph = ctx.graph_of(&outs)?.ptr;
+        let mut ports = Vec::new();
+        // SAFETY: walking the live context's tensor list; names are NUL-terminated by ggml.
+        unsafe {
+            let mut t = sys::ggml_get_first_tensor(ctx.ptr.as_ptr());
+            while let Some(p) = NonNull::new(t) {
+                let name = CStr::from_ptr(sys::ggml_get_name(p.as_ptr())).to_string_lossy();
+                if name.starts_with("in.") || name.starts_with("out.") {
+                    ports.push((name.into_owned(), p));
+                }
+                t = sys::ggml_get_next_tensor(ctx.ptr.as_ptr(), p.as_ptr());
+            }
+        }
         Ok(OwnedGraph {
             ctx,
             graph,
             work: Vec::new(),
+            ports,
         })
     }
 
-    /// The graph's tensor named `name`.
+    /// The graph's tensor named `name`: an `in.*` or `out.*` port without allocating or scanning
+    /// the context, any other name through [`Context::get`].
     pub fn tensor(&self, name: &str) -> Option<Tensor<'_>> {
-        self.ctx.get(name)
+        match self.ports.iter().find(|(n, _)| n == name) {
+            Some((_, p)) => Some(Tensor {
+                ptr: *p,
+                _ctx: std::marker::PhantomData,
+            }),
+            None => self.ctx.get(name),
+        }
     }
 
     /// Computes the graph on `pool`.
