@@ -103,18 +103,22 @@ fn bench(c: &mut Criterion) {
     let w: Vec<f32> = (0..15 * 2048 * 1024)
         .map(|i| ((i * 31 % 977) as f32 / 488.0) - 1.0)
         .collect();
-    let mut heads = Heads::new(w, 2048, 1024, Kernel::Scalar);
+    let f32_heads = Heads::new(w, 2048, 1024, Kernel::Scalar);
+    let q8_heads = f32_heads.to_q8().unwrap();
     let mut out = vec![0f32; 2048];
-    let mut g = c.benchmark_group("15 sample heads (2048 x 1024, f32)");
-    for kernel in [Kernel::Scalar, simd] {
-        heads.set_kernel(kernel);
-        g.bench_function(format!("{kernel:?}"), |b| {
-            b.iter(|| {
-                for group in 0..15 {
-                    heads.logits(group, &hidden, &mut out);
-                }
-            })
-        });
+    let mut g = c.benchmark_group("15 sample heads (2048 x 1024)");
+    for (label, heads) in [("f32", &f32_heads), ("q8_0", &q8_heads)] {
+        let mut heads = heads.clone();
+        for kernel in [Kernel::Scalar, simd] {
+            heads.set_kernel(kernel);
+            g.bench_function(format!("{label} {kernel:?}"), |b| {
+                b.iter(|| {
+                    for group in 0..15 {
+                        heads.logits(group, &hidden, &mut out);
+                    }
+                })
+            });
+        }
     }
     g.finish();
 }

@@ -212,3 +212,95 @@ fn profile_accounts_for_every_frame() {
     assert!(p.table().contains("total"));
     assert_eq!(cp.profile().unwrap().frames, 0, "taken");
 }
+
+/// q8_0 heads: every kernel gives the scalar kernel's bits, and the logits stay close to the f32
+/// ones (quantization error only) with the same greedy codes on the fixtures.
+#[test]
+fn q8_heads_are_bit_identical_across_kernels_and_close_to_f32() {
+    use qtts::code_predictor::heads::{Heads, Kernel};
+    let kernels = Kernel::available();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
+    };
+    let (codes, width) = (64, 1024);
+    let w: Vec<f32> = (0..15 * codes * width).map(|_| rnd()).collect();
+    let f32_heads = Heads::new(w, codes, width, Kernel::Scalar);
+    let q8 = f32_heads.to_q8().unwrap();
+    assert!(q8.is_q8());
+    for _ in 0..20 {
+        let h: Vec<f32> = (0..width).map(|_| rnd()).collect();
+        let mut want = vec![0f32; codes];
+        let mut exact = vec![0f32; codes];
+        let mut got = vec![0f32; codes];
+        for g in [0, 7, 14] {
+            let mut scalar = q8.clone();
+            scalar.set_kernel(Kernel::Scalar);
+            scalar.logits(g, &h, &mut want);
+            f32_heads.logits(g, &h, &mut exact);
+            for (a, b) in want.iter().zip(&exact) {
+                // Weight rounding of at most d/2 = max/254 per value: a std of about 0.04 over
+                // 1024 products of U(-1, 1) values; 0.3 is over 7 of them.
+                assert!((a - b).abs() < 0.3, "q8 {a} vs f32 {b}");
+            }
+            for k in &kernels {
+                let mut hk = q8.clone();
+                hk.set_kernel(*k);
+                hk.logits(g, &h, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{k:?}");
+            }
+        }
+    }
+    for name in ["tiny", "tiny17"] {
+        let (_tmp, out) = common::convert_tiny(name, OutType::F32);
+        let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+        let o = common::oracle(&common::fixture(name).join("oracle/cp_frame.safetensors"));
+        let pool = Threadpool::new(1, &[]).unwrap();
+        if name == "tiny17" {
+            // A width of 48 is not whole q8_0 blocks: refused, the f32 heads stay.
+            assert!(matches!(
+                cp.use_q8_heads(),
+                Err(qtts::ModelError::Unsupported { .. })
+            ));
+            continue;
+        }
+        cp.use_q8_heads().unwrap();
+        let mut logits = Vec::new();
+        cp.frame(
+            &pool,
+            &o["past_hidden"],
+            o["code0"][0] as u32,
+            &mut |g, l| {
+                logits.extend_from_slice(l);
+                o["codes"][g] as u32
+            },
+            None,
+        )
+        .unwrap();
+        let (a, b) = (&logits, &o["logits"]);
+        let dot: f64 = a
+            .iter()
+            .zip(b.iter())
+            .map(|(x, y)| *x as f64 * *y as f64)
+            .sum();
+        let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let top1 = (0..15)
+            .filter(|g| argmax(&a[g * 2048..(g + 1) * 2048]) == o["codes"][*g] as u32)
+            .count();
+        eprintln!(
+            "{name}: q8_0 heads vs oracle: cosine {:.6}, top-1 {top1}/15, max abs {:e}",
+            dot / (na * nb),
+            max_abs(a, b)
+        );
+        assert!(
+            dot / (na * nb) > 0.999,
+            "{name}: cosine {}",
+            dot / (na * nb)
+        );
+    }
+}

@@ -46,7 +46,11 @@ impl Kernel {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 v.push(Kernel::Avx2);
             }
-            if is_x86_feature_detected!("avx512f") {
+            // The AVX-512 kernel's q8_0 blocks use the AVX2 code.
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+            {
                 v.push(Kernel::Avx512);
             }
         }
@@ -109,6 +113,36 @@ fn reduce(mut lanes: [f32; LANES]) -> f32 {
 mod x86 {
     use super::LANES;
     use std::arch::x86_64::*;
+
+    /// One q8_0 block's 32 products, reduced by the scalar tree: lanes i += i + 16, i + 8, i + 4,
+    /// i + 2, i + 1.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `h` has at least 32 values.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn block_q8_avx2(q: &[i8; 32], h: &[f32]) -> f32 {
+        // SAFETY: 32 i8 and 32 f32 are read, both in bounds.
+        unsafe {
+            let qb = _mm256_loadu_si256(q.as_ptr().cast());
+            let lo = _mm256_castsi256_si128(qb);
+            let hi = _mm256_extracti128_si256(qb, 1);
+            let q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+            let q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+            let q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+            let q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+            let p0 = _mm256_mul_ps(q0, _mm256_loadu_ps(h.as_ptr()));
+            let p1 = _mm256_mul_ps(q1, _mm256_loadu_ps(h.as_ptr().add(8)));
+            let p2 = _mm256_mul_ps(q2, _mm256_loadu_ps(h.as_ptr().add(16)));
+            let p3 = _mm256_mul_ps(q3, _mm256_loadu_ps(h.as_ptr().add(24)));
+            let a = _mm256_add_ps(p0, p2); // lanes 0..8 += 16..24
+            let b = _mm256_add_ps(p1, p3); // lanes 8..16 += 24..32
+            let c = _mm256_add_ps(a, b); // lanes 0..8 += 8..16
+            let d = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1)); // += 4
+            let e = _mm_add_ps(d, _mm_movehl_ps(d, d)); // lanes 0, 1 += 2, 3
+            let f = _mm_add_ss(e, _mm_shuffle_ps(e, e, 1)); // lane 0 += 1
+            _mm_cvtss_f32(f)
+        }
+    }
 
     /// # Safety
     /// The CPU has AVX-512F; `a.len() == b.len()` is a multiple of 64.
@@ -178,24 +212,103 @@ mod arm {
     }
 }
 
-/// The 15 heads as f32 rows on the host.
+/// One q8_0 block: 32 weights as `d · q[j]` (ggml's `block_q8_0`, its f16 scale widened).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockQ8 {
+    /// Scale.
+    pub d: f32,
+    /// Quantized weights.
+    pub q: [i8; 32],
+}
+
+impl Kernel {
+    /// `Σ_b d_b · (Σ_j q_bj · h_bj)` over q8_0 blocks, in one fixed order: per block, the 32 products
+    /// (exact int-to-float conversions, one rounding each) summed by the pairwise tree of [`reduce`]
+    /// over 32 lanes, then `total = fma(d_b, s_b, total)` block after block. AVX2 implements it;
+    /// the other kernels use the scalar definition.
+    pub fn dot_q8(self, blocks: &[BlockQ8], h: &[f32]) -> f32 {
+        let mut total = 0f32;
+        for (b, hb) in blocks.iter().zip(h.chunks_exact(32)) {
+            let s = match self {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: Avx2 and Avx512 are only constructed when the CPU has AVX2 and FMA
+                // (Kernel::available); hb has 32 values.
+                Kernel::Avx2 | Kernel::Avx512 => unsafe { x86::block_q8_avx2(&b.q, hb) },
+                _ => block_q8_scalar(&b.q, hb),
+            };
+            total = b.d.mul_add(s, total);
+        }
+        total
+    }
+}
+
+fn block_q8_scalar(q: &[i8; 32], h: &[f32]) -> f32 {
+    let mut l = [0f32; 32];
+    for j in 0..32 {
+        l[j] = q[j] as f32 * h[j];
+    }
+    let mut w = 16;
+    while w > 0 {
+        for i in 0..w {
+            l[i] += l[i + w];
+        }
+        w /= 2;
+    }
+    l[0]
+}
+
+/// How the heads' weights are stored on the host.
+#[derive(Debug, Clone)]
+pub enum HeadWeights {
+    /// f32 rows (exact).
+    F32(Vec<f32>),
+    /// q8_0 rows: a quarter of the memory traffic, logits within quantization error.
+    Q8(Vec<BlockQ8>),
+}
+
+/// The 15 heads on the host.
 #[derive(Debug, Clone)]
 pub struct Heads {
-    weights: Vec<f32>,
+    weights: HeadWeights,
     n_codes: usize,
     width: usize,
     kernel: Kernel,
 }
 
 impl Heads {
-    /// Heads from `weights` (`groups × n_codes × width`, row-major) using `kernel`.
+    /// f32 heads from `weights` (`groups × n_codes × width`, row-major) using `kernel`.
     pub fn new(weights: Vec<f32>, n_codes: usize, width: usize, kernel: Kernel) -> Self {
         Heads {
-            weights,
+            weights: HeadWeights::F32(weights),
             n_codes,
             width,
             kernel,
         }
+    }
+
+    /// These heads stored as q8_0 (ggml's quantizer), when the width is a multiple of 32.
+    pub fn to_q8(&self) -> Option<Heads> {
+        let HeadWeights::F32(w) = &self.weights else {
+            return Some(self.clone());
+        };
+        let bytes = crate::ffi::quantize(crate::gguf::GgmlType::Q8_0, w, self.width).ok()?;
+        let blocks = bytes
+            .chunks_exact(34)
+            .map(|c| {
+                let mut q = [0i8; 32];
+                for (d, s) in q.iter_mut().zip(&c[2..]) {
+                    *d = *s as i8;
+                }
+                BlockQ8 {
+                    d: half::f16::from_le_bytes([c[0], c[1]]).to_f32(),
+                    q,
+                }
+            })
+            .collect();
+        Some(Heads {
+            weights: HeadWeights::Q8(blocks),
+            ..*self
+        })
     }
 
     /// The kernel in use.
@@ -208,15 +321,32 @@ impl Heads {
         self.kernel = kernel;
     }
 
+    /// Whether the weights are q8_0.
+    pub fn is_q8(&self) -> bool {
+        matches!(self.weights, HeadWeights::Q8(_))
+    }
+
     /// Logits of head `group` for hidden state `h` (length `width`) into `out` (length `n_codes`).
     ///
     /// # Real-time safety
     /// No allocation, no lock, no system call; time linear in `n_codes · width`.
     pub fn logits(&self, group: usize, h: &[f32], out: &mut [f32]) {
-        let base = group * self.n_codes * self.width;
-        let rows = self.weights[base..base + self.n_codes * self.width].chunks_exact(self.width);
-        for (o, row) in out.iter_mut().zip(rows) {
-            *o = self.kernel.dot(row, h);
+        match &self.weights {
+            HeadWeights::F32(w) => {
+                let base = group * self.n_codes * self.width;
+                let rows = w[base..base + self.n_codes * self.width].chunks_exact(self.width);
+                for (o, row) in out.iter_mut().zip(rows) {
+                    *o = self.kernel.dot(row, h);
+                }
+            }
+            HeadWeights::Q8(blocks) => {
+                let per_row = self.width / 32;
+                let base = group * self.n_codes * per_row;
+                let rows = blocks[base..base + self.n_codes * per_row].chunks_exact(per_row);
+                for (o, row) in out.iter_mut().zip(rows) {
+                    *o = self.kernel.dot_q8(row, h);
+                }
+            }
         }
     }
 }

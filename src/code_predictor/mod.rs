@@ -246,6 +246,18 @@ impl CodePredictor {
         self.geometry
     }
 
+    /// Stores the sample heads as q8_0 from now on (a quarter of their memory traffic; logits within
+    /// quantization error of the f32 ones). Fails when the width is not a multiple of 32.
+    pub fn use_q8_heads(&mut self) -> Result<(), ModelError> {
+        let q = self.heads.to_q8().ok_or_else(|| ModelError::Unsupported {
+            what: "q8_0 sample heads".into(),
+            expected: "a code-predictor width that is a multiple of 32".into(),
+            found: self.geometry.n_embd.to_string(),
+        })?;
+        self.heads = q;
+        Ok(())
+    }
+
     /// The sample heads (to choose their kernel).
     pub fn heads_mut(&mut self) -> &mut Heads {
         &mut self.heads
