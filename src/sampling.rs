@@ -135,3 +135,25 @@ impl Sampler {
         self.order[keep - 1]
     }
 }
+
+impl SamplingParams {
+    /// The talker's codebook-0 settings of a checkpoint's `generation_config.json`.
+    pub fn talker(g: &crate::model::config::GenerationConfig) -> Self {
+        SamplingParams {
+            do_sample: g.do_sample,
+            temperature: g.temperature as f32,
+            top_k: g.top_k as usize,
+            top_p: g.top_p as f32,
+        }
+    }
+
+    /// The code predictor's codebooks 1..15 settings (`subtalker_*`).
+    pub fn code_predictor(g: &crate::model::config::GenerationConfig) -> Self {
+        SamplingParams {
+            do_sample: g.subtalker_dosample,
+            temperature: g.subtalker_temperature as f32,
+            top_k: g.subtalker_top_k as usize,
+            top_p: g.subtalker_top_p as f32,
+        }
+    }
+}

@@ -304,3 +304,36 @@ fn q8_heads_are_bit_identical_across_kernels_and_close_to_f32() {
         );
     }
 }
+
+/// Sampled frames with the checkpoint's code-predictor settings: a seed reproduces its codes,
+/// another seed gives others, and greedy settings give the oracle's codes.
+#[test]
+fn sampled_frames_follow_the_seed() {
+    use qtts::model::config::Preset;
+    use qtts::sampling::{Sampler, SamplingParams};
+    let gen = Preset::Small06CustomVoice.config().generation;
+    let p = SamplingParams::code_predictor(&gen);
+    assert_eq!((p.do_sample, p.top_k, p.temperature), (true, 50, 0.9));
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+    let o = common::oracle(&common::fixture("tiny").join("oracle/cp_frame.safetensors"));
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let mut run = |seed: u64, p: SamplingParams| {
+        let mut s = Sampler::new(seed);
+        cp.frame(
+            &pool,
+            &o["past_hidden"],
+            o["code0"][0] as u32,
+            &mut |_, l| s.sample(l, &p),
+            None,
+        )
+        .unwrap()
+    };
+    assert_eq!(run(1, p), run(1, p));
+    assert_ne!(run(1, p), run(2, p));
+    let greedy: Vec<u32> = run(1, SamplingParams::GREEDY).to_vec();
+    assert_eq!(
+        greedy,
+        o["codes"].iter().map(|&c| c as u32).collect::<Vec<_>>()
+    );
+}
