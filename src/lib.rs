@@ -15,5 +15,6 @@ pub mod gguf;
 pub mod model;
 pub mod sampling;
 pub mod text;
+pub mod vocoder;
 
 pub use error::ModelError;

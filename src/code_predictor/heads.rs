@@ -223,7 +223,7 @@ pub struct BlockQ8 {
 
 impl Kernel {
     /// `Σ_b d_b · (Σ_j q_bj · h_bj)` over q8_0 blocks, in one fixed order: per block, the 32 products
-    /// (exact int-to-float conversions, one rounding each) summed by the pairwise tree of [`reduce`]
+    /// (exact int-to-float conversions, one rounding each) summed by the same pairwise tree as the f32 kernels
     /// over 32 lanes, then `total = fma(d_b, s_b, total)` block after block. AVX2 implements it;
     /// the other kernels use the scalar definition.
     pub fn dot_q8(self, blocks: &[BlockQ8], h: &[f32]) -> f32 {

@@ -17,6 +17,8 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::{Mutex, Once};
 
+mod ops;
+
 pub use llama_cpp_sys_2 as sys;
 
 use crate::error::ModelError;

@@ -1,0 +1,993 @@
+//! The speech-tokenizer decoder ("code2wav"): 16 codes per 80 ms frame to 1920 samples at 24 kHz.
+//!
+//! Model: Qwen3-TTS-Tokenizer-12Hz `Qwen3TTSTokenizerV2Decoder` (PyPI `qwen-tts` 0.1.1,
+//! `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`; MODEL-NOTES.md §5): split-RVQ
+//! dequantization, a causal k=3 conv, a sliding-window transformer, two ConvNeXt upsamplers and a
+//! causal DAC-style decoder of SnakeBeta, transposed convs and dilated residual units.
+//! Weights: the `a.gen.wav.*` tensors of the mmproj GGUF; geometry from the speech tokenizer config
+//! the file carries (`qtts.hf.speech_tokenizer_config_json`), else the released one.
+//!
+//! Contract:
+//! - The decoder is causal with zero lookahead, and [`Vocoder`] is stateful: each frame's samples
+//!   are final when the frame is decoded, and decoding frame by frame or in chunks of any size gives
+//!   the same samples as decoding the whole utterance at once (MODEL-NOTES.md §5.1).
+//!   The state is the left context of every causal conv (its last `(k − 1)·dilation` input rows),
+//!   the overlap tail of every transposed conv whose kernel is longer than its stride, the keys and
+//!   values of the transformer's last `window − 1` frames, and the frame counter (RoPE positions).
+//!   It lives in a ggml context of its own; each graph reads it and writes it back.
+//! - [`Vocoder::load`] copies the weights into a ggml context (in the file's types; transposed-conv
+//!   kernels split into the matrices of their current and next output blocks) and builds the graph
+//!   of a one-frame chunk. Graphs of longer chunks (up to [`Vocoder::max_chunk`] frames) are built
+//!   the first time such a chunk is decoded, which allocates. Per call, [`Vocoder::decode_frames`]
+//!   allocates only the short name strings of ggml's tensor lookups (and the recorded stages when
+//!   capturing), never activation memory.
+//! - [`Vocoder::decode_frames`] blocks the calling thread for the compute, on the caller's
+//!   threadpool, and writes into the caller's buffer.
+//! - Convs are im2col columns times the kernel matrix; depthwise convs and the trimmed transposed
+//!   convs are sums of shifted rows. A graph's intermediate tensors each own their memory (no reuse
+//!   between nodes beyond in-place ops): about 85 MB per frame of chunk for the full-size decoder.
+//!   NB: measured on a random-weight 0.6B f16 file on 2 shared cores: ~190 ms per frame in 1-frame
+//!   chunks, ~140 ms per frame in 8-frame chunks; not yet real time (the convs are ~5 GFLOP/frame).
+
+use std::collections::BTreeMap;
+
+use crate::error::ModelError;
+use crate::ffi::{Context, GgmlError, Node, OwnedGraph, Tensor, Threadpool};
+use crate::gguf::{GgmlType, GgufFile, Value};
+use crate::model::config::{parse_json, Preset, SpeechTokenizerConfig};
+use crate::model::convert::KEY_HF_SPEECH_TOKENIZER;
+
+/// Codebooks per frame.
+pub const CODEBOOKS: usize = 16;
+
+/// Kernel of the causal convs of the ConvNeXt blocks, the decoder's entry and exit, and the
+/// residual units.
+const K7: usize = 7;
+
+/// Stages a capture records (see [`Vocoder::set_capture`]), each `[channels, rows]` with the
+/// channel index fastest (time-major), so chunks concatenate.
+pub const STAGES: &[&str] = &[
+    "quantized",
+    "pre_conv",
+    "pre_transformer",
+    "upsample.0.transconv",
+    "upsample.0.convnext",
+    "upsample.1.transconv",
+    "upsample.1.convnext",
+    "decoder.0",
+    "decoder.1",
+    "decoder.2",
+    "decoder.3",
+    "decoder.4",
+    "decoder.5",
+    "decoder.6",
+];
+
+/// Failures of [`Vocoder::decode_frames`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum VocoderError {
+    /// A code is not below the codebook size.
+    /// The codes come from a broken upstream stage: fix it; the decoder's state is unchanged.
+    #[error("frame {frame}, codebook {codebook}: code {code} is not below {codebook_size}")]
+    CodeOutOfRange {
+        /// Index of the frame in the call.
+        frame: usize,
+        /// Codebook (0..16).
+        codebook: usize,
+        /// The code.
+        code: u32,
+        /// Codes per codebook.
+        codebook_size: usize,
+    },
+    /// The output buffer is too short for the frames.
+    /// Fix the caller: pass `frames × samples_per_frame` samples.
+    #[error("output buffer of {found} samples, need {expected}")]
+    OutputTooShort {
+        /// Samples needed.
+        expected: usize,
+        /// Samples given.
+        found: usize,
+    },
+    /// ggml failed; the stream's state may be partly updated: [`Vocoder::reset`] before reuse.
+    #[error(transparent)]
+    Ggml(#[from] GgmlError),
+}
+
+/// What one [`Vocoder::decode_frames`] call wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Decoded {
+    /// Samples written (frames × samples per frame).
+    pub samples: usize,
+    /// Non-finite samples, written as 0.
+    pub non_finite: usize,
+}
+
+/// The decoder's geometry (`decoder_config` of the speech tokenizer config).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Geometry {
+    /// Codes per codebook (2048).
+    pub codebook_size: usize,
+    /// Width of one half-codebook's vectors (codebook_dim / 2).
+    pub half: usize,
+    /// Split-RVQ output width (512).
+    pub codebook_dim: usize,
+    /// Pre-conv and upsampler width (1024).
+    pub latent: usize,
+    /// Transformer width (512).
+    pub hidden: usize,
+    /// Transformer SwiGLU width.
+    pub ff: usize,
+    /// Transformer layers.
+    pub n_layer: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// RoPE base.
+    pub theta: f32,
+    /// Attention window in frames (a query sees itself and `window − 1` earlier frames).
+    pub window: usize,
+    /// Width of the first decoder conv (1536).
+    pub decoder_dim: usize,
+    /// ConvNeXt upsampler ratios (2, 2).
+    pub upsampling_ratios: Vec<usize>,
+    /// DecoderBlock rates (8, 5, 4, 3).
+    pub upsample_rates: Vec<usize>,
+    /// Samples per frame (1920).
+    pub samples_per_frame: usize,
+}
+
+impl Geometry {
+    /// The geometry carried by `f`, or the released one when the file carries none.
+    pub fn read(f: &GgufFile) -> Result<Self, ModelError> {
+        let st: SpeechTokenizerConfig = match f.header.get(KEY_HF_SPEECH_TOKENIZER) {
+            Some(Value::Str(json)) => parse_json(json, f.path())?,
+            Some(v) => {
+                return Err(ModelError::Unsupported {
+                    what: format!("{}: key {KEY_HF_SPEECH_TOKENIZER}", f.path().display()),
+                    expected: "a string".into(),
+                    found: v.type_name().into(),
+                })
+            }
+            None => Preset::Small06CustomVoice.config().speech_tokenizer,
+        };
+        let d = &st.decoder_config;
+        let g = Geometry {
+            codebook_size: d.codebook_size as usize,
+            half: d.codebook_dim as usize / 2,
+            codebook_dim: d.codebook_dim as usize,
+            latent: d.latent_dim as usize,
+            hidden: d.hidden_size as usize,
+            ff: d.intermediate_size as usize,
+            n_layer: d.num_hidden_layers as usize,
+            n_head: d.num_attention_heads as usize,
+            n_head_kv: d.num_key_value_heads as usize,
+            head_dim: d.head_dim as usize,
+            eps: d.rms_norm_eps as f32,
+            theta: d.rope_theta as f32,
+            window: d.sliding_window as usize,
+            decoder_dim: d.decoder_dim as usize,
+            upsampling_ratios: d.upsampling_ratios.iter().map(|&r| r as usize).collect(),
+            upsample_rates: d.upsample_rates.iter().map(|&r| r as usize).collect(),
+            samples_per_frame: st.decode_upsample_rate as usize,
+        };
+        let product: usize = g.upsampling_ratios.iter().product::<usize>()
+            * g.upsample_rates.iter().product::<usize>();
+        let bad = |expected: String, found: String| ModelError::Unsupported {
+            what: format!("{}: speech tokenizer decoder_config", f.path().display()),
+            expected,
+            found,
+        };
+        if product != g.samples_per_frame {
+            return Err(bad(
+                format!(
+                    "rates whose product is decode_upsample_rate {}",
+                    g.samples_per_frame
+                ),
+                format!("{product}"),
+            ));
+        }
+        if d.num_quantizers as usize != CODEBOOKS || d.num_semantic_quantizers != 1 {
+            return Err(bad(
+                format!("{CODEBOOKS} codebooks, 1 semantic"),
+                format!("{}, {}", d.num_quantizers, d.num_semantic_quantizers),
+            ));
+        }
+        if g.window < 2
+            || g.n_head_kv == 0
+            || !g.n_head.is_multiple_of(g.n_head_kv)
+            || !g.head_dim.is_multiple_of(2)
+            || !g.decoder_dim.is_multiple_of(1 << g.upsample_rates.len())
+        {
+            return Err(bad(
+                "a window >= 2, heads a multiple of kv heads, an even head_dim, a decoder_dim that halves per block".into(),
+                format!(
+                    "window {}, heads {}/{}, head_dim {}, decoder_dim {}",
+                    g.window, g.n_head, g.n_head_kv, g.head_dim, g.decoder_dim
+                ),
+            ));
+        }
+        Ok(g)
+    }
+
+    /// Rough bytes of a graph's activations for a chunk of `n` frames (an overestimate).
+    fn graph_bytes(&self, n: usize) -> usize {
+        let kv = self.window - 1 + n;
+        let qkv = (self.n_head + 2 * self.n_head_kv) * self.head_dim;
+        let mut floats = n * 64 * (self.codebook_dim + self.latent + self.hidden);
+        floats += n * 4 * CODEBOOKS * self.half;
+        floats += self.n_layer
+            * (n * (24 * self.hidden + 6 * qkv + 6 * self.ff)
+                + 3 * kv * qkv
+                + 4 * self.n_head * kv * n);
+        let mut rows = n;
+        for _ in &self.upsampling_ratios {
+            rows *= 2;
+            floats += rows * self.latent * 40 + 8 * K7 * self.latent;
+        }
+        floats += rows * self.decoder_dim * 24 + 8 * K7 * self.latent;
+        let mut c = self.decoder_dim;
+        for &r in &self.upsample_rates {
+            floats += rows * c * 8 + rows * r * c * 8;
+            rows *= r;
+            c /= 2;
+            floats += 3 * (rows * c * 40) + 2 * 6 * 13 * c;
+        }
+        floats += rows * c * 32 + 16 * K7 * c;
+        floats * 4 + (8 << 20)
+    }
+}
+
+/// The stateful decoder of one stream: weights, graphs and the stream's state.
+#[derive(Debug)]
+pub struct Vocoder {
+    geometry: Geometry,
+    /// Graph of a chunk of `i + 1` frames, once built; dropped before `state` and `weights`.
+    graphs: Vec<Option<OwnedGraph>>,
+    /// Names of the state tensors in `state`, for [`Vocoder::reset`].
+    state_names: Vec<String>,
+    /// Frames decoded since the last reset (the next frame's RoPE position).
+    pos: usize,
+    /// Non-finite samples written as 0 since the last reset.
+    non_finite: u64,
+    /// Recorded stages when capturing.
+    capture: Option<BTreeMap<&'static str, Vec<f32>>>,
+    /// Scratch of a chunk's inputs (reused).
+    scratch_i32: Vec<i32>,
+    scratch_f32: Vec<f32>,
+    /// The stream's state, read and written by the graphs; owned here to outlive them.
+    state: Context,
+    /// Read by the graphs through ggml's pointers; owned here to outlive them.
+    weights: Context,
+}
+
+fn ggml_err(e: GgmlError) -> ModelError {
+    ModelError::Unsupported {
+        what: "ggml in the decoder".into(),
+        expected: "success".into(),
+        found: e.to_string(),
+    }
+}
+
+/// Copies `n` elements of `es` bytes each: element `i` of the output is element `index(i)` of
+/// `data`.
+fn gather(data: &[u8], es: usize, n: usize, index: impl Fn(usize) -> usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * es);
+    for i in 0..n {
+        let j = index(i) * es;
+        out.extend_from_slice(&data[j..j + es]);
+    }
+    out
+}
+
+struct Loader<'f> {
+    f: &'f GgufFile,
+    w: Context,
+}
+
+impl Loader<'_> {
+    fn source(&self, name: &str) -> Result<(GgmlType, &[u8], Vec<usize>), ModelError> {
+        let missing = || ModelError::MissingTensor {
+            path: self.f.path().into(),
+            tensor: name.into(),
+        };
+        let t = self.f.header.tensor(name).ok_or_else(missing)?;
+        let data = self.f.tensor_data(name).ok_or_else(missing)?;
+        Ok((t.ty, data, t.ne.iter().map(|&x| x as usize).collect()))
+    }
+
+    fn shape_err(&self, name: &str, expected: &[usize], found: &[usize]) -> ModelError {
+        ModelError::WrongShape {
+            path: self.f.path().into(),
+            tensor: name.into(),
+            expected: expected.iter().map(|&x| x as u64).collect(),
+            found: found.iter().map(|&x| x as u64).collect(),
+        }
+    }
+
+    fn put(&self, name: &str, ty: GgmlType, ne: &[usize], bytes: &[u8]) -> Result<(), ModelError> {
+        let t = self.w.new_tensor(ty, ne).map_err(ggml_err)?;
+        t.write_bytes(bytes).map_err(ggml_err)?;
+        t.set_name(name);
+        Ok(())
+    }
+
+    /// A tensor copied as it is, with shape `ne` (same element count).
+    fn copy(&self, name: &str, ne: &[usize]) -> Result<(), ModelError> {
+        let (ty, data, found) = self.source(name)?;
+        if found.iter().product::<usize>() != ne.iter().product::<usize>() {
+            return Err(self.shape_err(name, ne, &found));
+        }
+        self.put(name, ty, ne, data)
+    }
+
+    /// A stride-1 conv kernel (`[k, c_in, c_out]`) as the matrix `[k · c_in, c_out]` (same bytes),
+    /// for [`Context::im2col_1d`] columns.
+    fn conv(&self, name: &str, k: usize, c_in: usize, c_out: usize) -> Result<(), ModelError> {
+        let (ty, data, found) = self.source(name)?;
+        if found != [k, c_in, c_out] || !matches!(ty, GgmlType::F32 | GgmlType::F16) {
+            return Err(self.shape_err(name, &[k, c_in, c_out], &found));
+        }
+        self.put(name, ty, &[k * c_in, c_out], data)
+    }
+
+    /// A depthwise kernel (`[k, 1, c]`) as `k` f32 vectors `<name>.tap{j}` `[c]`.
+    fn depthwise(&self, name: &str, k: usize, c: usize) -> Result<(), ModelError> {
+        let (ty, data, found) = self.source(name)?;
+        if found != [k, 1, c] {
+            return Err(self.shape_err(name, &[k, 1, c], &found));
+        }
+        let v = crate::ffi::dequantize(ty, data, k * c).map_err(ggml_err)?;
+        for j in 0..k {
+            let tap: Vec<u8> = (0..c).flat_map(|i| v[j + k * i].to_le_bytes()).collect();
+            self.put(&format!("{name}.tap{j}"), GgmlType::F32, &[c], &tap)?;
+        }
+        Ok(())
+    }
+
+    /// A transposed-conv kernel (`[k, c_out, c_in]`, stride `r`, `k` = `r` or `2r`) as matrices
+    /// `<name>.cur` (taps `0..r`) and, when `k = 2r`, `<name>.prev` (taps `r..2r`), each
+    /// `[c_in, r·c_out]` with output index `o + c_out·j`.
+    fn transposed(
+        &self,
+        name: &str,
+        k: usize,
+        r: usize,
+        c_in: usize,
+        c_out: usize,
+    ) -> Result<(), ModelError> {
+        let (ty, data, found) = self.source(name)?;
+        if found != [k, c_out, c_in] || !matches!(ty, GgmlType::F32 | GgmlType::F16) {
+            return Err(self.shape_err(name, &[k, c_out, c_in], &found));
+        }
+        let es = ty.type_size() as usize;
+        for (part, j0) in [("cur", 0), ("prev", r)] {
+            if j0 + r > k {
+                continue;
+            }
+            // Output element (c, o, j) sits at c + c_in·(o + c_out·j); source at j + k·(o + c_out·c).
+            let bytes = gather(data, es, c_in * c_out * r, |i| {
+                let (c, rest) = (i % c_in, i / c_in);
+                let (o, j) = (rest % c_out, rest / c_out);
+                (j0 + j) + k * (o + c_out * c)
+            });
+            self.put(&format!("{name}.{part}"), ty, &[c_in, r * c_out], &bytes)?;
+        }
+        Ok(())
+    }
+}
+
+impl Vocoder {
+    /// Loads the decoder from a validated mmproj file (see [`crate::model::validate::check_mmproj`]),
+    /// with a fresh stream state.
+    pub fn load(f: &GgufFile) -> Result<Self, ModelError> {
+        crate::model::validate::check_mmproj(f.path(), &f.header)?;
+        let g = Geometry::read(f)?;
+        let wav: Vec<_> = f
+            .header
+            .tensors
+            .iter()
+            .filter(|t| t.name.starts_with("a.gen.wav."))
+            .collect();
+        let bytes: u64 = wav.iter().map(|t| t.nbytes).sum();
+        // Every tensor is copied at most once in its own type, but depthwise taps become f32 and
+        // kernels split into up to 7 tensors: room for those and each tensor's header.
+        let depthwise: u64 = wav
+            .iter()
+            .filter(|t| t.name.ends_with("dwconv.weight"))
+            .map(|t| 4 * t.ne.iter().product::<u64>())
+            .sum();
+        let overhead = (wav.len() + 64) * 1024;
+        let w =
+            Context::new((bytes + depthwise) as usize + overhead + (1 << 20)).map_err(ggml_err)?;
+        let l = Loader { f, w };
+        let p = "a.gen.wav";
+        let (half, cd, lat, dd) = (g.half, g.codebook_dim, g.latent, g.decoder_dim);
+        l.copy(
+            &format!("{p}.quant.first.codebook.weight"),
+            &[half, g.codebook_size],
+        )?;
+        l.copy(
+            &format!("{p}.quant.rest.codebook.weight"),
+            &[half, g.codebook_size * (CODEBOOKS - 1)],
+        )?;
+        for q in ["first", "rest"] {
+            l.copy(&format!("{p}.quant.{q}.out_proj.weight"), &[half, cd])?;
+        }
+        l.conv(&format!("{p}.pre_conv.weight"), 3, cd, lat)?;
+        l.copy(&format!("{p}.pre_conv.bias"), &[lat])?;
+        let t = format!("{p}.tfm");
+        l.copy(&format!("{t}.in_proj.weight"), &[lat, g.hidden])?;
+        l.copy(&format!("{t}.in_proj.bias"), &[g.hidden])?;
+        l.copy(&format!("{t}.out_proj.weight"), &[g.hidden, lat])?;
+        l.copy(&format!("{t}.out_proj.bias"), &[lat])?;
+        l.copy(&format!("{t}.output_norm.weight"), &[g.hidden])?;
+        let (q, kv) = (g.n_head * g.head_dim, g.n_head_kv * g.head_dim);
+        for i in 0..g.n_layer {
+            let b = format!("{t}.blk.{i}");
+            for (n, ne) in [
+                ("ln1.weight", [g.hidden, 1]),
+                ("attn_q.weight", [g.hidden, q]),
+                ("attn_k.weight", [g.hidden, kv]),
+                ("attn_v.weight", [g.hidden, kv]),
+                ("attn_out.weight", [q, g.hidden]),
+                ("ls1.weight", [g.hidden, 1]),
+                ("ln2.weight", [g.hidden, 1]),
+                ("ffn_gate.weight", [g.hidden, g.ff]),
+                ("ffn_up.weight", [g.hidden, g.ff]),
+                ("ffn_down.weight", [g.ff, g.hidden]),
+                ("ls2.weight", [g.hidden, 1]),
+            ] {
+                let ne = if ne[1] == 1 { &ne[..1] } else { &ne[..] };
+                l.copy(&format!("{b}.{n}"), ne)?;
+            }
+        }
+        for (u, &r) in g.upsampling_ratios.iter().enumerate() {
+            let b = format!("{p}.up.blk.{u}");
+            l.transposed(&format!("{b}.conv.weight"), r, r, lat, lat)?;
+            l.depthwise(&format!("{b}.dwconv.weight"), K7, lat)?;
+            for n in [
+                "conv.bias",
+                "dwconv.bias",
+                "norm.weight",
+                "norm.bias",
+                "pw2.bias",
+                "gamma",
+            ] {
+                l.copy(&format!("{b}.{n}"), &[lat])?;
+            }
+            l.copy(&format!("{b}.pw1.weight"), &[lat, 4 * lat])?;
+            l.copy(&format!("{b}.pw1.bias"), &[4 * lat])?;
+            l.copy(&format!("{b}.pw2.weight"), &[4 * lat, lat])?;
+        }
+        l.conv(&format!("{p}.dac.entry.weight"), K7, lat, dd)?;
+        l.copy(&format!("{p}.dac.entry.bias"), &[dd])?;
+        let mut cin = dd;
+        for (i, &r) in g.upsample_rates.iter().enumerate() {
+            let (b, cout) = (format!("{p}.dac.blk.{i}"), cin / 2);
+            l.copy(&format!("{b}.snake.alpha"), &[cin])?;
+            l.copy(&format!("{b}.snake.beta"), &[cin])?;
+            l.transposed(&format!("{b}.conv.weight"), 2 * r, r, cin, cout)?;
+            l.copy(&format!("{b}.conv.bias"), &[cout])?;
+            for j in 0..3 {
+                let rb = format!("{b}.res.{j}");
+                for n in [
+                    "act1.alpha",
+                    "act1.beta",
+                    "act2.alpha",
+                    "act2.beta",
+                    "conv1.bias",
+                    "conv2.bias",
+                ] {
+                    l.copy(&format!("{rb}.{n}"), &[cout])?;
+                }
+                l.conv(&format!("{rb}.conv1.weight"), K7, cout, cout)?;
+                l.conv(&format!("{rb}.conv2.weight"), 1, cout, cout)?;
+            }
+            cin = cout;
+        }
+        l.copy(&format!("{p}.dac.post_snake.alpha"), &[cin])?;
+        l.copy(&format!("{p}.dac.post_snake.beta"), &[cin])?;
+        l.conv(&format!("{p}.dac.post_conv.weight"), K7, cin, 1)?;
+        l.copy(&format!("{p}.dac.post_conv.bias"), &[1])?;
+        let weights = l.w;
+
+        // The stream's state.
+        let mut shapes: Vec<(String, Vec<usize>)> = Vec::new();
+        shapes.push(("hist.pre_conv".into(), vec![cd, 2]));
+        for i in 0..g.n_layer {
+            for kv in ["k", "v"] {
+                shapes.push((
+                    format!("cache.{kv}.{i}"),
+                    vec![g.head_dim, g.n_head_kv, g.window - 1],
+                ));
+            }
+        }
+        for u in 0..g.upsampling_ratios.len() {
+            shapes.push((format!("hist.up.{u}"), vec![lat, K7 - 1]));
+        }
+        shapes.push(("hist.entry".into(), vec![lat, K7 - 1]));
+        let mut c = dd;
+        for (i, &r) in g.upsample_rates.iter().enumerate() {
+            c /= 2;
+            shapes.push((format!("tail.blk.{i}"), vec![r * c, 1]));
+            for (j, d) in [1, 3, 9].into_iter().enumerate() {
+                shapes.push((format!("hist.blk.{i}.res.{j}"), vec![c, (K7 - 1) * d]));
+            }
+        }
+        shapes.push(("hist.post".into(), vec![c, K7 - 1]));
+        let state_bytes: usize = shapes
+            .iter()
+            .map(|(_, ne)| ne.iter().product::<usize>() * 4 + 512)
+            .sum();
+        let state = Context::new(state_bytes + (1 << 16)).map_err(ggml_err)?;
+        for (name, ne) in &shapes {
+            state.new_f32(ne).map_err(ggml_err)?.set_name(name);
+        }
+        let mut v = Vocoder {
+            geometry: g,
+            graphs: Vec::new(),
+            state_names: shapes.into_iter().map(|(n, _)| n).collect(),
+            pos: 0,
+            non_finite: 0,
+            capture: None,
+            scratch_i32: Vec::new(),
+            scratch_f32: Vec::new(),
+            state,
+            weights,
+        };
+        v.set_max_chunk(4);
+        v.ensure_graph(1).map_err(ggml_err)?;
+        Ok(v)
+    }
+
+    /// The geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// Samples per frame (1920).
+    pub fn samples_per_frame(&self) -> usize {
+        self.geometry.samples_per_frame
+    }
+
+    /// The longest chunk decoded by one graph; longer calls are split into chunks of this size.
+    pub fn max_chunk(&self) -> usize {
+        self.graphs.len()
+    }
+
+    /// Sets the longest chunk (at least 1, default 4). Graphs of chunks longer than `n` are dropped.
+    /// The samples do not depend on it beyond rounding (ggml's matrix kernels tile by length);
+    /// longer chunks compute faster per frame but their graphs take memory.
+    pub fn set_max_chunk(&mut self, n: usize) {
+        self.graphs.resize_with(n.max(1), || None);
+    }
+
+    /// Frames decoded since the last reset.
+    pub fn frames(&self) -> usize {
+        self.pos
+    }
+
+    /// Non-finite samples written as 0 since the last reset.
+    pub fn non_finite(&self) -> u64 {
+        self.non_finite
+    }
+
+    /// Starts a new stream: clears the state (zeros, as the causal convs' padding) and the frame
+    /// counter. There is no `flush`: with zero lookahead, every decoded frame's samples are
+    /// already out.
+    pub fn reset(&mut self) -> Result<(), GgmlError> {
+        for name in &self.state_names {
+            if let Some(t) = self.state.get(name) {
+                t.write_f32(&vec![0.0; t.n_elems()])?;
+            }
+        }
+        self.pos = 0;
+        self.non_finite = 0;
+        Ok(())
+    }
+
+    /// Records every stage's output of the following calls (see [`STAGES`]) when `on`; this
+    /// allocates and is meant for tests.
+    pub fn set_capture(&mut self, on: bool) {
+        self.capture = on.then(BTreeMap::new);
+    }
+
+    /// The stages recorded since capture was switched on, each `[channels, rows]` time-major.
+    pub fn take_capture(&mut self) -> BTreeMap<&'static str, Vec<f32>> {
+        self.capture
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    fn ensure_graph(&mut self, n: usize) -> Result<(), GgmlError> {
+        if self.graphs[n - 1].is_none() {
+            let g = build_chunk(&self.weights, &self.state, &self.geometry, n)?;
+            self.graphs[n - 1] = Some(g);
+        }
+        Ok(())
+    }
+
+    /// Nodes in the graph of a chunk of `n` frames (built if needed); ggml's limit is 2048.
+    pub fn graph_nodes(&mut self, n: usize) -> Result<usize, GgmlError> {
+        if n == 0 || n > self.max_chunk() {
+            return Err(GgmlError::Shape {
+                what: "chunk length",
+                expected: format!("1..={}", self.max_chunk()),
+                found: n.to_string(),
+            });
+        }
+        self.ensure_graph(n)?;
+        Ok(self.graphs[n - 1].as_ref().map_or(0, |g| g.n_nodes()))
+    }
+
+    /// Decodes `codes` (one `[c0..c15]` per frame) into `out`, `samples_per_frame` samples per
+    /// frame, continuing the stream. Non-finite samples are written as 0 and counted.
+    ///
+    /// Codes are checked before any compute; on [`VocoderError::CodeOutOfRange`] nothing changes.
+    pub fn decode_frames(
+        &mut self,
+        pool: &Threadpool,
+        codes: &[[u32; CODEBOOKS]],
+        out: &mut [f32],
+    ) -> Result<Decoded, VocoderError> {
+        let spf = self.geometry.samples_per_frame;
+        let size = self.geometry.codebook_size;
+        for (frame, f) in codes.iter().enumerate() {
+            if let Some((codebook, &code)) = f.iter().enumerate().find(|(_, &c)| c as usize >= size)
+            {
+                return Err(VocoderError::CodeOutOfRange {
+                    frame,
+                    codebook,
+                    code,
+                    codebook_size: size,
+                });
+            }
+        }
+        if out.len() < codes.len() * spf {
+            return Err(VocoderError::OutputTooShort {
+                expected: codes.len() * spf,
+                found: out.len(),
+            });
+        }
+        let mut done = Decoded::default();
+        for chunk in codes.chunks(self.max_chunk()) {
+            let n = chunk.len();
+            let dst = &mut out[done.samples..done.samples + n * spf];
+            done.non_finite += self.decode_chunk(pool, chunk, dst)?;
+            done.samples += n * spf;
+        }
+        Ok(done)
+    }
+
+    fn decode_chunk(
+        &mut self,
+        pool: &Threadpool,
+        codes: &[[u32; CODEBOOKS]],
+        out: &mut [f32],
+    ) -> Result<usize, GgmlError> {
+        let n = codes.len();
+        self.ensure_graph(n)?;
+        let g = &self.geometry;
+        let (w, p0) = (g.window, self.pos);
+        let missing = |name: &str| GgmlError::Shape {
+            what: "graph tensor",
+            expected: name.to_owned(),
+            found: "none".into(),
+        };
+        let Some(graph) = self.graphs[n - 1].as_mut() else {
+            return Err(missing("graph"));
+        };
+        let input = |name: &str| graph.tensor(name).ok_or_else(|| missing(name));
+        let ids = &mut self.scratch_i32;
+        ids.clear();
+        ids.extend(codes.iter().map(|f| f[0] as i32));
+        input("in.codes0")?.write_i32(ids)?;
+        ids.clear();
+        for f in codes {
+            for (k, &c) in f.iter().enumerate().skip(1) {
+                ids.push(((k - 1) * g.codebook_size) as i32 + c as i32);
+            }
+        }
+        input("in.codes_rest")?.write_i32(ids)?;
+        ids.clear();
+        ids.extend((p0..p0 + n).map(|p| p as i32));
+        input("in.pos")?.write_i32(ids)?;
+        // Key j of the window holds frame p0 + j − (w − 1); query i is frame p0 + i.
+        let mask = &mut self.scratch_f32;
+        mask.clear();
+        let n_kv = w - 1 + n;
+        for i in 0..n {
+            let qp = (p0 + i) as i64;
+            for j in 0..n_kv {
+                let kp = (p0 + j) as i64 - (w as i64 - 1);
+                let seen = kp >= 0 && kp <= qp && qp - kp < w as i64;
+                mask.push(if seen { 0.0 } else { f32::NEG_INFINITY });
+            }
+        }
+        input("in.mask")?.write_f32(mask)?;
+        graph.compute(pool)?;
+        graph
+            .tensor("out.wav")
+            .ok_or_else(|| missing("out.wav"))?
+            .read_f32(out)?;
+        let mut bad = 0;
+        for s in out.iter_mut() {
+            if !s.is_finite() {
+                *s = 0.0;
+                bad += 1;
+            }
+        }
+        if let Some(cap) = self.capture.as_mut() {
+            for &s in STAGES {
+                if let Some(t) = graph.tensor(&format!("stage.{s}")) {
+                    cap.entry(s).or_default().extend(t.to_vec());
+                }
+            }
+        }
+        self.pos += n;
+        self.non_finite += bad as u64;
+        Ok(bad)
+    }
+}
+
+/// Graph-building helpers: the weights, the state and the state writes of one graph.
+struct Builder<'a> {
+    c: &'a Context,
+    w: &'a Context,
+    s: &'a Context,
+    writes: Vec<Tensor<'a>>,
+}
+
+impl<'a> Builder<'a> {
+    fn find(ctx: &'a Context, name: &str) -> Result<Tensor<'a>, GgmlError> {
+        ctx.get(name).ok_or(GgmlError::Shape {
+            what: "decoder tensor",
+            expected: name.to_owned(),
+            found: "none".into(),
+        })
+    }
+
+    fn wt(&self, name: &str) -> Result<Tensor<'a>, GgmlError> {
+        Self::find(self.w, name)
+    }
+
+    fn st(&self, name: &str) -> Result<Tensor<'a>, GgmlError> {
+        Self::find(self.s, name)
+    }
+
+    /// `x` (`[c, t]`) after the state's left context `hist` (`[c, h]`); the last `h` rows of the
+    /// result become the new context when the graph's writes run.
+    fn with_context(&mut self, x: Tensor<'a>, hist: &str) -> Result<Tensor<'a>, GgmlError> {
+        let c = self.c;
+        let h = self.st(hist)?;
+        let xp = c.concat(h, x, 1)?;
+        let keep = h.ne()[1];
+        self.writes
+            .push(c.copy_into(c.rows(xp, x.ne()[1], keep)?, h)?);
+        Ok(xp)
+    }
+
+    /// Causal conv `name` of kernel `k` and dilation `d` over `x` (`[c_in, t]`), with its left
+    /// context in state tensor `hist` (none for k = 1): im2col columns times the kernel matrix.
+    fn conv(
+        &mut self,
+        x: Tensor<'a>,
+        name: &str,
+        hist: Option<&str>,
+        k: usize,
+        d: usize,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        let c = self.c;
+        let w = self.wt(&format!("{name}.weight"))?;
+        let y = match hist {
+            Some(h) => {
+                let xp = self.with_context(x, h)?;
+                let c_in = x.ne()[0];
+                let shape = c.reshape(w, [k, c_in, w.ne()[1]])?;
+                let cols = c.im2col_1d(shape, c.cont(c.permute(xp, [1, 0, 2, 3])?)?, d)?;
+                c.mul_mat(w, cols)?
+            }
+            None => c.mul_mat(w, x)?,
+        };
+        c.add_inplace(y, self.wt(&format!("{name}.bias"))?)
+    }
+
+    /// SnakeBeta `name`: `x + β⁻¹ · sin²(α · x)` (α and β⁻¹ stored as such), in one new buffer.
+    fn snake(&self, x: Tensor<'a>, name: &str) -> Result<Tensor<'a>, GgmlError> {
+        let c = self.c;
+        let a = c.mul(x, self.wt(&format!("{name}.alpha"))?)?;
+        let sin2 = c.sqr_inplace(c.sin_inplace(a)?)?;
+        let y = c.mul_inplace(sin2, self.wt(&format!("{name}.beta"))?)?;
+        c.add_inplace(y, x)
+    }
+
+    /// `w · x + b` for Linear `name`.
+    fn linear(&self, x: Tensor<'a>, name: &str) -> Result<Tensor<'a>, GgmlError> {
+        let c = self.c;
+        c.add_inplace(
+            c.mul_mat(self.wt(&format!("{name}.weight"))?, x)?,
+            self.wt(&format!("{name}.bias"))?,
+        )
+    }
+}
+
+/// Builds the graph of a chunk of `n` frames: inputs `in.codes0` (`n` codes of codebook 0),
+/// `in.codes_rest` (`15n` row indices into the stacked codebooks 1..15, frame-major), `in.pos`
+/// (the frames' positions) and `in.mask` (`[window − 1 + n, n]` attention mask); output `out.wav`
+/// (`n · samples_per_frame` samples), stages `stage.*`; the state is written back last.
+fn build_chunk(w: &Context, s: &Context, g: &Geometry, n: usize) -> Result<OwnedGraph, GgmlError> {
+    // SAFETY: the graph reads the weights of `w` and reads and writes the state of `s`, which
+    // `Vocoder` owns, never resets (reset only writes values) and drops after its graphs.
+    unsafe {
+        OwnedGraph::build(g.graph_bytes(n), |c| {
+            build_nodes(
+                &mut Builder {
+                    c,
+                    w,
+                    s,
+                    writes: Vec::new(),
+                },
+                g,
+                n,
+            )
+        })
+    }
+}
+
+fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>, GgmlError> {
+    let c = b.c;
+    let p = "a.gen.wav";
+
+    // Split-RVQ dequantization.
+    let codes0 = c.new_i32(n)?.set_name("in.codes0");
+    let rest_ids = c.new_i32((CODEBOOKS - 1) * n)?.set_name("in.codes_rest");
+    let e0 = c.get_rows(b.wt(&format!("{p}.quant.first.codebook.weight"))?, codes0)?;
+    let er = c.get_rows(b.wt(&format!("{p}.quant.rest.codebook.weight"))?, rest_ids)?;
+    let er = c.reshape(er, [g.half, CODEBOOKS - 1, n])?;
+    let er = c.sum_rows(c.cont(c.permute(er, [1, 0, 2, 3])?)?)?;
+    let er = c.reshape(er, [g.half, n, 1])?;
+    let z = c.add(
+        c.mul_mat(b.wt(&format!("{p}.quant.first.out_proj.weight"))?, e0)?,
+        c.mul_mat(b.wt(&format!("{p}.quant.rest.out_proj.weight"))?, er)?,
+    )?;
+    z.set_name("stage.quantized");
+    let x = b.conv(z, &format!("{p}.pre_conv"), Some("hist.pre_conv"), 3, 1)?;
+    x.set_name("stage.pre_conv");
+
+    // Transformer.
+    let t = format!("{p}.tfm");
+    let mut x = b.linear(x, &format!("{t}.in_proj"))?;
+    let pos = c.new_i32(n)?.set_name("in.pos");
+    let n_kv = g.window - 1 + n;
+    let mask = c.new_f32(&[n_kv, n])?.set_name("in.mask");
+    let (hd, nh, nkv) = (g.head_dim, g.n_head, g.n_head_kv);
+    for l in 0..g.n_layer {
+        let lw = |name: &str| b.wt(&format!("{t}.blk.{l}.{name}"));
+        let h = c.mul(c.rms_norm(x, g.eps)?, lw("ln1.weight")?)?;
+        let q = c.reshape(c.mul_mat(lw("attn_q.weight")?, h)?, [hd, nh, n])?;
+        let q = c.rope_neox(q, pos, hd, g.theta)?;
+        let k = c.reshape(c.mul_mat(lw("attn_k.weight")?, h)?, [hd, nkv, n])?;
+        let k = c.rope_neox(k, pos, hd, g.theta)?;
+        let v = c.reshape(c.mul_mat(lw("attn_v.weight")?, h)?, [hd, nkv, n])?;
+        let (ck, cv) = (
+            b.st(&format!("cache.k.{l}"))?,
+            b.st(&format!("cache.v.{l}"))?,
+        );
+        let keys = c.concat(ck, k, 2)?;
+        let vals = c.concat(cv, v, 2)?;
+        let nb = [4, 4 * hd, 4 * hd * nkv];
+        let keep = [hd, nkv, g.window - 1];
+        let wk = c.copy_into(c.view(keys, keep, nb, n * nb[2])?, ck)?;
+        let wv = c.copy_into(c.view(vals, keep, nb, n * nb[2])?, cv)?;
+        let keys = c.permute(keys, [0, 2, 1, 3])?;
+        let vals = c.cont(c.permute(vals, [1, 2, 0, 3])?)?;
+        let kq = c.mul_mat(keys, c.permute(q, [0, 2, 1, 3])?)?;
+        let kq = c.soft_max(kq, Some(mask), 1.0 / (hd as f32).sqrt())?;
+        let kqv = c.mul_mat(vals, kq)?;
+        let o = c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, n, 1])?;
+        let o = c.mul(c.mul_mat(lw("attn_out.weight")?, o)?, lw("ls1.weight")?)?;
+        x = c.add(x, o)?;
+        let h = c.mul(c.rms_norm(x, g.eps)?, lw("ln2.weight")?)?;
+        let gate = c.silu(c.mul_mat(lw("ffn_gate.weight")?, h)?)?;
+        let up = c.mul_mat(lw("ffn_up.weight")?, h)?;
+        let ff = c.mul_mat(lw("ffn_down.weight")?, c.mul(gate, up)?)?;
+        x = c.add(x, c.mul(ff, lw("ls2.weight")?)?)?;
+        b.writes.push(wk);
+        b.writes.push(wv);
+    }
+    let x = c.mul(
+        c.rms_norm(x, g.eps)?,
+        b.wt(&format!("{t}.output_norm.weight"))?,
+    )?;
+    let mut x = b.linear(x, &format!("{t}.out_proj"))?;
+    x.set_name("stage.pre_transformer");
+
+    // ConvNeXt upsamplers.
+    let mut rows = n;
+    for (u, &r) in g.upsampling_ratios.iter().enumerate() {
+        let ub = format!("{p}.up.blk.{u}");
+        let y = c.mul_mat(b.wt(&format!("{ub}.conv.weight.cur"))?, x)?;
+        rows *= r;
+        let y = c.add(
+            c.reshape(y, [g.latent, rows, 1])?,
+            b.wt(&format!("{ub}.conv.bias"))?,
+        )?;
+        y.set_name(&format!("stage.upsample.{u}.transconv"));
+        let yp = b.with_context(y, &format!("hist.up.{u}"))?;
+        let mut h = c.mul(
+            c.rows(yp, 0, rows)?,
+            b.wt(&format!("{ub}.dwconv.weight.tap0"))?,
+        )?;
+        for j in 1..K7 {
+            let tap = b.wt(&format!("{ub}.dwconv.weight.tap{j}"))?;
+            h = c.add(h, c.mul(c.rows(yp, j, rows)?, tap)?)?;
+        }
+        let h = c.add(h, b.wt(&format!("{ub}.dwconv.bias"))?)?;
+        let h = c.mul(c.norm(h, 1e-6)?, b.wt(&format!("{ub}.norm.weight"))?)?;
+        let h = c.add(h, b.wt(&format!("{ub}.norm.bias"))?)?;
+        let h = c.gelu_erf(b.linear(h, &format!("{ub}.pw1"))?)?;
+        let h = b.linear(h, &format!("{ub}.pw2"))?;
+        let h = c.mul(h, b.wt(&format!("{ub}.gamma"))?)?;
+        x = c.add(y, h)?;
+        x.set_name(&format!("stage.upsample.{u}.convnext"));
+    }
+
+    // The DAC decoder.
+    let d = format!("{p}.dac");
+    let mut x = b.conv(x, &format!("{d}.entry"), Some("hist.entry"), K7, 1)?;
+    x.set_name("stage.decoder.0");
+    let mut ch = g.decoder_dim;
+    for (i, &r) in g.upsample_rates.iter().enumerate() {
+        let db = format!("{d}.blk.{i}");
+        let cout = ch / 2;
+        let s = b.snake(x, &format!("{db}.snake"))?;
+        // Input row t gives output rows t·r..t·r + 2r: its first r taps land in block t, its
+        // last r in block t + 1 (the tail), and the last block's tail is trimmed until the next
+        // chunk.
+        let cur = c.mul_mat(b.wt(&format!("{db}.conv.weight.cur"))?, s)?;
+        let prev = c.mul_mat(b.wt(&format!("{db}.conv.weight.prev"))?, s)?;
+        let tail = b.st(&format!("tail.blk.{i}"))?;
+        let shifted = if rows > 1 {
+            c.concat(tail, c.rows(prev, 0, rows - 1)?, 1)?
+        } else {
+            tail
+        };
+        b.writes
+            .push(c.copy_into(c.rows(prev, rows - 1, 1)?, tail)?);
+        let y = c.add_inplace(cur, shifted)?;
+        rows *= r;
+        let mut y = c.add_inplace(
+            c.reshape(y, [cout, rows, 1])?,
+            b.wt(&format!("{db}.conv.bias"))?,
+        )?;
+        for (j, dil) in [1, 3, 9].into_iter().enumerate() {
+            let rb = format!("{db}.res.{j}");
+            let h = b.snake(y, &format!("{rb}.act1"))?;
+            let hist = format!("hist.blk.{i}.res.{j}");
+            let h = b.conv(h, &format!("{rb}.conv1"), Some(&hist), K7, dil)?;
+            let h = b.snake(h, &format!("{rb}.act2"))?;
+            let h = b.conv(h, &format!("{rb}.conv2"), None, 1, 1)?;
+            // The residual sum goes into h's buffer (y is read by nothing later).
+            y = c.add_inplace(h, y)?;
+        }
+        x = y;
+        x.set_name(&format!("stage.decoder.{}", i + 1));
+        ch = cout;
+    }
+    let x = b.snake(x, &format!("{d}.post_snake"))?;
+    x.set_name("stage.decoder.5");
+    let x = b.conv(x, &format!("{d}.post_conv"), Some("hist.post"), K7, 1)?;
+    x.set_name("stage.decoder.6");
+    let wav = c.clamp(x, -1.0, 1.0)?.set_name("out.wav");
+    // The state writes run after everything that reads the old state.
+    let mut outs = vec![wav.node()];
+    outs.extend(b.writes.iter().map(|t| t.node()));
+    Ok(outs)
+}

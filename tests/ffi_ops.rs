@@ -1,0 +1,167 @@
+//! The decoder's ggml ops (`src/ffi/ops.rs`) compute what the math says and refuse what would make
+//! ggml abort.
+
+use qtts::ffi::{Context, GgmlError, Threadpool};
+
+fn values(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 37 + seed * 11) % 101) as f32 / 25.0 - 2.0)
+        .collect()
+}
+
+#[test]
+fn elementwise_and_row_ops_match_a_reference() {
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let (n, rows) = (12, 5);
+    let x = values(n * rows, 1);
+    let ctx = Context::new(1 << 20).unwrap();
+    let t = ctx.new_f32(&[n, rows]).unwrap();
+    t.write_f32(&x).unwrap();
+    type Reference = Box<dyn Fn(&[f32], usize) -> f32>;
+    let cases: Vec<(qtts::ffi::Tensor<'_>, Reference)> = vec![
+        (ctx.sin(t).unwrap(), Box::new(|x, i| x[i].sin())),
+        (ctx.sqr(t).unwrap(), Box::new(|x, i| x[i] * x[i])),
+        (
+            ctx.gelu_erf(t).unwrap(),
+            Box::new(|x, i| {
+                let v = x[i] as f64;
+                (0.5 * v * (1.0 + libm_erf(v / 2f64.sqrt()))) as f32
+            }),
+        ),
+        (
+            ctx.clamp(t, -1.0, 0.5).unwrap(),
+            Box::new(|x, i| x[i].clamp(-1.0, 0.5)),
+        ),
+        (
+            ctx.norm(t, 1e-6).unwrap(),
+            Box::new(move |x, i| {
+                let row = &x[i / n * n..i / n * n + n];
+                let mean = row.iter().sum::<f32>() / n as f32;
+                let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+                (x[i] - mean) / (var + 1e-6).sqrt()
+            }),
+        ),
+    ];
+    let outs: Vec<_> = cases.iter().map(|(t, _)| *t).collect();
+    let sums = ctx.sum_rows(t).unwrap();
+    let mut all = outs.clone();
+    all.push(sums);
+    ctx.graph_of(&all).unwrap().compute(&pool).unwrap();
+    for (k, (out, reference)) in cases.iter().enumerate() {
+        let got = out.to_vec();
+        for (i, &g) in got.iter().enumerate() {
+            let want = reference(&x, i);
+            assert!(
+                (g - want).abs() < 1e-5,
+                "case {k}, element {i}: {g} vs {want}"
+            );
+        }
+    }
+    let got = sums.to_vec();
+    assert_eq!(sums.ne(), [1, rows, 1, 1]);
+    for r in 0..rows {
+        let want: f32 = x[r * n..(r + 1) * n].iter().sum();
+        assert!((got[r] - want).abs() < 1e-5);
+    }
+}
+
+/// erf by its Maclaurin series (enough terms for |x| < 3).
+fn libm_erf(x: f64) -> f64 {
+    let (mut term, mut sum) = (x, x);
+    for k in 1..80 {
+        term *= -x * x / k as f64;
+        sum += term / (2 * k + 1) as f64;
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+#[test]
+fn im2col_columns_times_the_kernel_are_a_dilated_conv() {
+    let pool = Threadpool::new(2, &[]).unwrap();
+    let (k, c_in, c_out, t, d) = (3, 4, 5, 11, 2);
+    let w = values(k * c_in * c_out, 2); // ggml [k, c_in, c_out]
+    let x = values(t * c_in, 3); // ggml [t, c_in]: time fastest
+    let ctx = Context::new(1 << 20).unwrap();
+    let tw = ctx.new_f32(&[k, c_in, c_out]).unwrap();
+    tw.write_f32(&w).unwrap();
+    let tx = ctx.new_f32(&[t, c_in]).unwrap();
+    tx.write_f32(&x).unwrap();
+    let cols = ctx.im2col_1d(tw, tx, d).unwrap();
+    let t_out = t - (k - 1) * d;
+    assert_eq!(cols.ne(), [k * c_in, t_out, 1, 1]);
+    let w2 = ctx.reshape(tw, [k * c_in, c_out, 1]).unwrap();
+    let y = ctx.mul_mat(w2, cols).unwrap();
+    ctx.graph(y).unwrap().compute(&pool).unwrap();
+    let got = y.to_vec();
+    for s in 0..t_out {
+        for o in 0..c_out {
+            let want: f32 = (0..c_in)
+                .flat_map(|c| (0..k).map(move |j| (c, j)))
+                .map(|(c, j)| w[j + k * (c + c_in * o)] * x[c * t + s + j * d])
+                .sum();
+            let g = got[s * c_out + o];
+            assert!((g - want).abs() < 1e-4, "({s},{o}): {g} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn inplace_ops_and_row_views_compute_in_place() {
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let ctx = Context::new(1 << 20).unwrap();
+    let a = ctx.new_f32(&[3, 4]).unwrap();
+    a.write_f32(&values(12, 4)).unwrap();
+    let b = ctx.new_f32(&[3]).unwrap();
+    b.write_f32(&[1.0, 2.0, 3.0]).unwrap();
+    let fresh = ctx.mul(a, b).unwrap();
+    let y = ctx.sqr_inplace(ctx.sin_inplace(fresh).unwrap()).unwrap();
+    let y = ctx.add_inplace(ctx.mul_inplace(y, b).unwrap(), a).unwrap();
+    let mid = ctx.rows(a, 1, 2).unwrap();
+    assert_eq!(mid.ne(), [3, 2, 1, 1]);
+    let mid = ctx.cont(mid).unwrap();
+    ctx.graph_of(&[y, mid]).unwrap().compute(&pool).unwrap();
+    let av = a.to_vec();
+    let want: Vec<f32> = av
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let s = (x * b.to_vec()[i % 3]).sin();
+            s * s * b.to_vec()[i % 3] + x
+        })
+        .collect();
+    let got = y.to_vec();
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-5);
+    }
+    assert_eq!(
+        fresh.to_vec(),
+        got,
+        "the result lives in the first operand's memory"
+    );
+    assert_eq!(mid.to_vec(), av[3..9].to_vec());
+}
+
+#[test]
+fn misuse_is_an_error_not_an_abort() {
+    let ctx = Context::new(1 << 16).unwrap();
+    let a = ctx.new_f32(&[8, 4]).unwrap();
+    let k = ctx.new_f32(&[3, 5, 2]).unwrap();
+    let strided = ctx.permute(a, [1, 0, 2, 3]).unwrap();
+    let what = |r: Result<qtts::ffi::Tensor<'_>, GgmlError>| match r {
+        Err(GgmlError::Shape { what, .. }) => what,
+        other => panic!("expected a shape error, got {other:?}"),
+    };
+    assert_eq!(what(ctx.sin(strided)), "sin");
+    assert_eq!(what(ctx.norm(a, -1.0)), "norm eps");
+    assert_eq!(what(ctx.norm(a, f32::NAN)), "norm eps");
+    assert_eq!(what(ctx.clamp(a, 1.0, -1.0)), "clamp bounds");
+    assert_eq!(what(ctx.rows(a, 3, 2)), "rows");
+    assert_eq!(what(ctx.rows(strided, 0, 1)), "rows");
+    // Channels differ (4 vs 5), then the input is shorter than the kernel's span.
+    assert_eq!(what(ctx.im2col_1d(k, a, 1)), "im2col_1d");
+    let x = ctx.new_f32(&[4, 5]).unwrap();
+    assert_eq!(what(ctx.im2col_1d(k, x, 2)), "im2col_1d");
+    assert!(ctx.im2col_1d(k, x, 1).is_ok());
+    let b = ctx.new_f32(&[3]).unwrap();
+    assert_eq!(what(ctx.add_inplace(a, b)), "add_inplace");
+}

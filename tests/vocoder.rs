@@ -1,0 +1,241 @@
+//! The decoder (code2wav) against the oracle's `decoder.safetensors` (tiny and tiny17): every
+//! stage and the waveform within 1e-4; streaming in any chunk sizes equals one-shot decoding; bad
+//! codes give a typed error before any compute.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use qtts::ffi::Threadpool;
+use qtts::gguf::GgufFile;
+use qtts::model::convert::OutType;
+use qtts::vocoder::{Vocoder, VocoderError, CODEBOOKS};
+
+const FRAMES: usize = 20;
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The oracle's codes as frames (they are stored codebook-major, `codes[k * FRAMES + t]`).
+fn frames(o: &BTreeMap<String, Vec<f32>>) -> Vec<[u32; CODEBOOKS]> {
+    let c = &o["codes"];
+    assert_eq!(c.len(), CODEBOOKS * FRAMES);
+    (0..FRAMES)
+        .map(|t| std::array::from_fn(|k| c[k * FRAMES + t] as u32))
+        .collect()
+}
+
+/// `[channels, rows]` time-major to the oracle's channel-major `[channels, rows]`.
+fn channel_major(v: &[f32], rows: usize) -> Vec<f32> {
+    let ch = v.len() / rows;
+    let mut out = vec![0.0; v.len()];
+    for t in 0..rows {
+        for c in 0..ch {
+            out[c * rows + t] = v[t * ch + c];
+        }
+    }
+    out
+}
+
+fn load(name: &str) -> (tempfile::TempDir, Vocoder, BTreeMap<String, Vec<f32>>) {
+    let (tmp, out) = common::convert_tiny(name, OutType::F32);
+    let voc = Vocoder::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+    let o = common::oracle(&common::fixture(name).join("oracle/decoder.safetensors"));
+    (tmp, voc, o.into_iter().collect())
+}
+
+/// Decodes `codes` from a fresh state in chunks of the given sizes (cycled).
+fn decode(
+    voc: &mut Vocoder,
+    pool: &Threadpool,
+    codes: &[[u32; CODEBOOKS]],
+    sizes: &[usize],
+) -> Vec<f32> {
+    voc.reset().unwrap();
+    let spf = voc.samples_per_frame();
+    let mut wav = vec![f32::NAN; codes.len() * spf];
+    let (mut i, mut s) = (0, 0);
+    while i < codes.len() {
+        let n = sizes[s % sizes.len()].min(codes.len() - i);
+        let d = voc
+            .decode_frames(pool, &codes[i..i + n], &mut wav[i * spf..(i + n) * spf])
+            .unwrap();
+        assert_eq!(d.samples, n * spf);
+        assert_eq!(d.non_finite, 0);
+        i += n;
+        s += 1;
+    }
+    assert_eq!(voc.frames(), codes.len());
+    wav
+}
+
+#[test]
+fn stages_and_waveform_match_the_oracle() {
+    let pool = Threadpool::new(2, &[]).unwrap();
+    for name in ["tiny", "tiny17"] {
+        let (_tmp, mut voc, o) = load(name);
+        let g = voc.geometry().clone();
+        let codes = frames(&o);
+        voc.set_max_chunk(FRAMES);
+        voc.set_capture(true);
+        let wav = decode(&mut voc, &pool, &codes, &[FRAMES]);
+        let got = voc.take_capture();
+        // Rows of each stage over the utterance.
+        let mut rows: BTreeMap<&str, usize> = BTreeMap::new();
+        rows.insert("quantized", FRAMES);
+        rows.insert("pre_conv", FRAMES);
+        let mut r = FRAMES;
+        for u in 0..g.upsampling_ratios.len() {
+            r *= g.upsampling_ratios[u];
+            rows.insert(["upsample.0.transconv", "upsample.1.transconv"][u], r);
+            rows.insert(["upsample.0.convnext", "upsample.1.convnext"][u], r);
+        }
+        rows.insert("decoder.0", r);
+        for (i, &rate) in g.upsample_rates.iter().enumerate() {
+            r *= rate;
+            rows.insert(["decoder.1", "decoder.2", "decoder.3", "decoder.4"][i], r);
+        }
+        rows.insert("decoder.5", r);
+        rows.insert("decoder.6", r);
+        let mut report = Vec::new();
+        for (stage, v) in &got {
+            // pre_transformer is stored time-major by the oracle, every other stage channel-major.
+            let mine = if *stage == "pre_transformer" {
+                v.clone()
+            } else {
+                channel_major(v, rows[stage])
+            };
+            let e = max_abs(&mine, &o[*stage]);
+            let peak = o[*stage].iter().fold(0f32, |m, x| m.max(x.abs()));
+            report.push((stage, e, peak));
+        }
+        for (stage, e, peak) in report {
+            eprintln!("{name}: {stage:<22} max abs error {e:.2e} (peak {peak:.2})");
+            // The decoder's inner stages grow to |x| ~ 10: within 1e-4 relative to their peak.
+            assert!(
+                e < 1e-4 * peak.max(1.0),
+                "{name}: stage {stage} off by {e} (peak {peak})"
+            );
+        }
+        assert_eq!(got.len(), qtts::vocoder::STAGES.len());
+        let e_pre = max_abs(&got["decoder.6"], &o["wav_preclamp"]);
+        let e = max_abs(&wav, &o["wav"]);
+        eprintln!("{name}: wav_preclamp {e_pre:.2e}; wav {e:.2e}");
+        assert!(e < 1e-4, "{name}: waveform off by {e}");
+    }
+}
+
+#[test]
+fn streaming_in_any_chunks_equals_one_shot() {
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let (_tmp, mut voc, o) = load("tiny");
+    let codes = frames(&o);
+    voc.set_max_chunk(FRAMES);
+    let whole = decode(&mut voc, &pool, &codes, &[FRAMES]);
+    // Chunk patterns: frame by frame, a fixed xorshift draw of sizes 1..=7, and lengths on both
+    // sides of the window (4 frames).
+    let mut x = 0x9e37_79b9u32;
+    let random: Vec<usize> = (0..32)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            1 + (x % 7) as usize
+        })
+        .collect();
+    let mut worst = 0f32;
+    for sizes in [&[1][..], &random, &[6, 1, 13]] {
+        let got = decode(&mut voc, &pool, &codes, sizes);
+        let e = max_abs(&got, &whole);
+        worst = worst.max(e);
+        assert!(e <= 1e-5, "chunks {sizes:?}: off by {e}");
+    }
+    // A call longer than max_chunk is split; the samples do not change.
+    voc.set_max_chunk(3);
+    let got = decode(&mut voc, &pool, &codes, &[FRAMES]);
+    worst = worst.max(max_abs(&got, &whole));
+    eprintln!("streaming vs one-shot: max abs difference {worst:e}");
+    assert!(worst <= 1e-5);
+    // The same vocoder, reset, gives the same samples again.
+    voc.set_max_chunk(FRAMES);
+    assert_eq!(decode(&mut voc, &pool, &codes, &[FRAMES]), whole);
+}
+
+#[test]
+fn out_of_range_codes_are_rejected_before_compute() {
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let (_tmp, mut voc, o) = load("tiny");
+    let codes = frames(&o);
+    let spf = voc.samples_per_frame();
+    let mut out = vec![0.0; 3 * spf];
+    voc.decode_frames(&pool, &codes[..1], &mut out[..spf])
+        .unwrap();
+    let mut bad = codes[1..4].to_vec();
+    bad[2][7] = 2048;
+    assert_eq!(
+        voc.decode_frames(&pool, &bad, &mut out),
+        Err(VocoderError::CodeOutOfRange {
+            frame: 2,
+            codebook: 7,
+            code: 2048,
+            codebook_size: 2048
+        })
+    );
+    assert_eq!(voc.frames(), 1, "the state did not move");
+    assert_eq!(
+        voc.decode_frames(&pool, &codes[1..4], &mut out[..spf]),
+        Err(VocoderError::OutputTooShort {
+            expected: 3 * spf,
+            found: spf
+        })
+    );
+    // The stream continues as if the bad calls never happened.
+    voc.decode_frames(&pool, &codes[1..4], &mut out).unwrap();
+    voc.reset().unwrap();
+    let mut clean = vec![0.0; 4 * spf];
+    voc.decode_frames(&pool, &codes[..4], &mut clean).unwrap();
+    // Chunks of other lengths may round differently (ggml's matrix kernels tile by length).
+    assert!(max_abs(&clean[spf..], &out) <= 1e-5);
+}
+
+#[test]
+fn graph_fits_ggml_node_limit() {
+    let (_tmp, mut voc, _) = load("tiny17");
+    let g = voc.geometry().clone();
+    let one = voc.graph_nodes(1).unwrap();
+    voc.set_max_chunk(2);
+    let two = voc.graph_nodes(2).unwrap();
+    eprintln!(
+        "graph nodes: {one} (1 frame), {two} (2 frames), {} layers",
+        g.n_layer
+    );
+    assert_eq!(one, two, "node count does not depend on the chunk length");
+    // ggml aborts past 2048 nodes; each transformer layer adds about 40, and the full-size
+    // decoder (8 layers) measured 747.
+    assert!(one + 40 * (8 - g.n_layer.min(8)) < 1024, "{one} nodes");
+}
+
+#[test]
+fn reduced_precision_files_decode_close_to_the_oracle() {
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let o: BTreeMap<String, Vec<f32>> =
+        common::oracle(&common::fixture("tiny").join("oracle/decoder.safetensors"))
+            .into_iter()
+            .collect();
+    let codes = frames(&o);
+    // f16 convs and matrices; q8_0 matrices where rows are whole blocks (else f16). The random
+    // weights amplify rounding: the manifest puts the oracle's own bf16 run 0.105 off its f32 run.
+    for (ty, tol) in [(OutType::F16, 2e-2), (OutType::Q8_0, 0.15)] {
+        let (_tmp, out) = common::convert_tiny("tiny", ty);
+        let mut voc = Vocoder::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+        let wav = decode(&mut voc, &pool, &codes, &[1, 4]);
+        let e = max_abs(&wav, &o["wav"]);
+        eprintln!("{ty:?}: wav max abs error {e:.2e}");
+        assert!(e < tol, "{ty:?}: waveform off by {e}");
+    }
+}
