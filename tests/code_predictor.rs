@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::max_abs;
+
 use qtts::code_predictor::CodePredictor;
 use qtts::ffi::Threadpool;
 use qtts::gguf::GgufFile;
@@ -16,14 +18,6 @@ fn argmax(v: &[f32]) -> u32 {
         }
     }
     best as u32
-}
-
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 #[test]

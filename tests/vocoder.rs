@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::max_abs;
+
 use std::collections::BTreeMap;
 
 use qtts::ffi::Threadpool;
@@ -12,14 +14,6 @@ use qtts::model::convert::OutType;
 use qtts::vocoder::{Vocoder, VocoderError, CODEBOOKS};
 
 const FRAMES: usize = 20;
-
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 /// The oracle's codes as frames (they are stored codebook-major, `codes[k * FRAMES + t]`).
 fn frames(o: &BTreeMap<String, Vec<f32>>) -> Vec<[u32; CODEBOOKS]> {

@@ -68,3 +68,12 @@ pub fn oracle(path: &std::path::Path) -> std::collections::HashMap<String, Vec<f
         })
         .collect()
 }
+
+/// The largest absolute difference of two equal-length slices.
+pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}

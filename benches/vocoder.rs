@@ -1,0 +1,87 @@
+//! The streaming decoder on the full-size geometry: ms per frame when fed 1 frame per call and 4
+//! frames per call, on 1 and 2 threads, with f32 and f16 weights. The 1-frame, 1-thread, f32 case
+//! is the in-run baseline; the decoder's ≈ 5 GFLOP per frame (MODEL-NOTES.md §7) gives GFLOP/s.
+//!
+//! Run with: `QTTS_BENCH_MODELS=<dir with mmproj-f32.gguf, mmproj-f16.gguf> cargo bench --bench vocoder`
+//! (without it, the models are made once under the target directory, as in `benches/code_predictor.rs`).
+
+use std::path::PathBuf;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use qtts::ffi::Threadpool;
+use qtts::gguf::GgufFile;
+use qtts::model::config::Preset;
+use qtts::model::convert::{convert, OutType};
+use qtts::vocoder::Vocoder;
+
+fn models() -> PathBuf {
+    if let Some(dir) = std::env::var_os("QTTS_BENCH_MODELS") {
+        return dir.into();
+    }
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    let dir = target.join("qtts-bench").join("0.6b-customvoice");
+    let ckpt = dir.join("checkpoint");
+    if !ckpt.join("model.safetensors").exists() {
+        let tok = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tts/tokenizer");
+        qtts::model::random::write_random_checkpoint(
+            Preset::Small06CustomVoice,
+            1,
+            &tok,
+            &ckpt,
+            &mut |_, _| {},
+        )
+        .unwrap();
+    }
+    for ty in [OutType::F32, OutType::F16] {
+        if !dir.join(format!("mmproj-{}.gguf", ty.name())).exists() {
+            convert(&ckpt, None, &dir, ty, &mut |_, _| {}).unwrap();
+        }
+    }
+    dir
+}
+
+fn bench(c: &mut Criterion) {
+    let dir = models();
+    // 32 frames of codes, varied but deterministic.
+    let codes: Vec<[u32; 16]> = (0..32u32)
+        .map(|t| std::array::from_fn(|k| (t * 131 + k as u32 * 977) % 2048))
+        .collect();
+    let mut out = vec![0f32; 4 * 1920];
+    let mut g = c.benchmark_group("decoder, per frame");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(1));
+    for ty in [OutType::F32, OutType::F16] {
+        let f = GgufFile::open(dir.join(format!("mmproj-{}.gguf", ty.name()))).unwrap();
+        let mut voc = Vocoder::load(&f).unwrap();
+        for threads in [1, 2] {
+            let pool = Threadpool::new(threads, &[]).unwrap();
+            for chunk in [1usize, 4] {
+                g.bench_function(
+                    format!(
+                        "{} weights, {threads} thread(s), {chunk} frame(s) per call",
+                        ty.name()
+                    ),
+                    |b| {
+                        let mut t = 0;
+                        b.iter_custom(|iters| {
+                            // Time per frame: each iteration decodes one chunk, divided by its frames.
+                            let start = std::time::Instant::now();
+                            for _ in 0..iters {
+                                let frames = &codes[t % 28..t % 28 + chunk];
+                                voc.decode_frames(&pool, frames, &mut out[..chunk * 1920])
+                                    .unwrap();
+                                t += chunk;
+                            }
+                            start.elapsed() / chunk as u32
+                        })
+                    },
+                );
+            }
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
