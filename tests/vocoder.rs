@@ -233,3 +233,106 @@ fn reduced_precision_files_decode_close_to_the_oracle() {
         assert!(e < tol, "{ty:?}: waveform off by {e}");
     }
 }
+
+/// At the full-size decoder geometry (8 layers of 16 heads, widths 512/1024/1536, window 72),
+/// 80 frames of random codes (more than the window) decoded one frame per call equal the same
+/// frames decoded 4 per call. The talker and code predictor of this model are tiny: only the
+/// decoder's size matters here, and it keeps the test's checkpoint small.
+#[test]
+fn full_size_decoder_streams_the_same_in_any_chunking() {
+    use qtts::model::config::Preset;
+    let mut cfg = Preset::Small06CustomVoice.config();
+    let t = &mut cfg.tts.talker_config;
+    (
+        t.hidden_size,
+        t.num_hidden_layers,
+        t.num_attention_heads,
+        t.num_key_value_heads,
+    ) = (64, 1, 4, 2);
+    (
+        t.head_dim,
+        t.intermediate_size,
+        t.text_vocab_size,
+        t.text_hidden_size,
+    ) = (32, 128, 1024, 64);
+    t.rope_scaling.mrope_section = vec![6, 5, 5];
+    let cp = &mut t.code_predictor_config;
+    (
+        cp.hidden_size,
+        cp.num_hidden_layers,
+        cp.num_attention_heads,
+        cp.num_key_value_heads,
+    ) = (64, 1, 4, 2);
+    (cp.head_dim, cp.intermediate_size) = (32, 128);
+    (
+        cfg.tts.im_start_token_id,
+        cfg.tts.im_end_token_id,
+        cfg.tts.assistant_token_id,
+    ) = (1000, 1001, 1002);
+    (
+        cfg.tts.tts_pad_token_id,
+        cfg.tts.tts_bos_token_id,
+        cfg.tts.tts_eos_token_id,
+    ) = (1004, 1005, 1006);
+    assert_eq!(
+        cfg.speech_tokenizer,
+        Preset::Small06CustomVoice.config().speech_tokenizer
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tmp.path().join("tokenizer");
+    common::tiny_tokenizer(&tok);
+    let ckpt = tmp.path().join("ckpt");
+    qtts::model::random::write_random_checkpoint_with(&cfg, 3, &tok, &ckpt, &mut |_, _| {})
+        .unwrap();
+    let out = qtts::model::convert::convert(
+        &ckpt,
+        None,
+        &tmp.path().join("gguf"),
+        OutType::F32,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let f = GgufFile::open(&out.mmproj).unwrap();
+    let mut voc = Vocoder::load(&f).unwrap();
+    let pool = Threadpool::new(2, &[]).unwrap();
+    const N: usize = 80;
+    let mut state = 0x853c_49e6_748f_ea9bu64;
+    let codes: Vec<[u32; CODEBOOKS]> = (0..N)
+        .map(|_| {
+            std::array::from_fn(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % 2048) as u32
+            })
+        })
+        .collect();
+    // The random decoder is not calibrated like the oracle's (its final conv is not rescaled),
+    // so most output samples clamp at ±1: compare every stage before the clamp, relative to its
+    // peak, from the capture.
+    let mut run = |chunk: usize| {
+        voc.reset().unwrap();
+        voc.set_capture(true);
+        let mut out = vec![0f32; N * 1920];
+        for (i, c) in codes.chunks(chunk).enumerate() {
+            voc.decode_frames(
+                &pool,
+                c,
+                &mut out[i * chunk * 1920..(i * chunk + c.len()) * 1920],
+            )
+            .unwrap();
+        }
+        voc.take_capture()
+    };
+    let by_one = run(1);
+    let by_four = run(4);
+    for stage in qtts::vocoder::STAGES {
+        let (a, b) = (&by_one[stage], &by_four[stage]);
+        let peak = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let e = max_abs(a, b) / peak.max(1.0);
+        eprintln!("full-size decoder, {N} frames, {stage}: 1 vs 4 per call, max abs / peak {e:e} (peak {peak:e})");
+        assert!(e < 1e-5, "{stage}: {e}");
+    }
+    assert_eq!(voc.non_finite(), 0);
+}
