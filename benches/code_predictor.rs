@@ -6,49 +6,19 @@
 //! (a directory of `mmproj-<type>.gguf`), else it is made once under the target directory with
 //! `qtts random-model --preset 0.6b-customvoice` and `qtts convert` (a few minutes, 6 GB of disk).
 
-use std::path::{Path, PathBuf};
+mod common;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use qtts::code_predictor::heads::{Heads, Kernel};
 use qtts::code_predictor::CodePredictor;
 use qtts::ffi::Threadpool;
 use qtts::gguf::GgufFile;
-use qtts::model::config::Preset;
-use qtts::model::convert::{convert, OutType};
+use qtts::model::convert::OutType;
 
 const TYPES: [OutType; 4] = [OutType::F32, OutType::F16, OutType::Q8_0, OutType::Q4K];
 
-fn models() -> PathBuf {
-    if let Some(dir) = std::env::var_os("QTTS_BENCH_MODELS") {
-        return dir.into();
-    }
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
-    let dir = target.join("qtts-bench").join("0.6b-customvoice");
-    let ckpt = dir.join("checkpoint");
-    if !ckpt.join("model.safetensors").exists() {
-        let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tts/tokenizer");
-        eprintln!("writing a random 0.6B checkpoint into {}", ckpt.display());
-        qtts::model::random::write_random_checkpoint(
-            Preset::Small06CustomVoice,
-            1,
-            &tok,
-            &ckpt,
-            &mut |_, _| {},
-        )
-        .unwrap();
-    }
-    for ty in TYPES {
-        if !dir.join(format!("mmproj-{}.gguf", ty.name())).exists() {
-            eprintln!("converting to {}", ty.name());
-            convert(&ckpt, None, &dir, ty, &mut |_, _| {}).unwrap();
-        }
-    }
-    dir
-}
-
 fn bench(c: &mut Criterion) {
-    let dir = models();
+    let dir = common::models(&TYPES);
     // The per-step split of one frame, from the engine's own profile (QTTS_PROFILE), per type.
     std::env::set_var("QTTS_PROFILE", "1");
     let simd = Kernel::detect();

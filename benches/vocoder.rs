@@ -5,44 +5,16 @@
 //! Run with: `QTTS_BENCH_MODELS=<dir with mmproj-f32.gguf, mmproj-f16.gguf> cargo bench --bench vocoder`
 //! (without it, the models are made once under the target directory, as in `benches/code_predictor.rs`).
 
-use std::path::PathBuf;
+mod common;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use qtts::ffi::Threadpool;
 use qtts::gguf::GgufFile;
-use qtts::model::config::Preset;
-use qtts::model::convert::{convert, OutType};
+use qtts::model::convert::OutType;
 use qtts::vocoder::Vocoder;
 
-fn models() -> PathBuf {
-    if let Some(dir) = std::env::var_os("QTTS_BENCH_MODELS") {
-        return dir.into();
-    }
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
-    let dir = target.join("qtts-bench").join("0.6b-customvoice");
-    let ckpt = dir.join("checkpoint");
-    if !ckpt.join("model.safetensors").exists() {
-        let tok = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tts/tokenizer");
-        qtts::model::random::write_random_checkpoint(
-            Preset::Small06CustomVoice,
-            1,
-            &tok,
-            &ckpt,
-            &mut |_, _| {},
-        )
-        .unwrap();
-    }
-    for ty in [OutType::F32, OutType::F16] {
-        if !dir.join(format!("mmproj-{}.gguf", ty.name())).exists() {
-            convert(&ckpt, None, &dir, ty, &mut |_, _| {}).unwrap();
-        }
-    }
-    dir
-}
-
 fn bench(c: &mut Criterion) {
-    let dir = models();
+    let dir = common::models(&[OutType::F32, OutType::F16]);
     // 32 frames of codes, varied but deterministic.
     let codes: Vec<[u32; 16]> = (0..32u32)
         .map(|t| std::array::from_fn(|k| (t * 131 + k as u32 * 977) % 2048))

@@ -36,26 +36,10 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-fn convert_tiny(name: &str, ty: OutType) -> (tempfile::TempDir, qtts::model::convert::Converted) {
-    let tmp = tempfile::tempdir().unwrap();
-    let tok = tmp.path().join("tokenizer");
-    common::tiny_tokenizer(&tok);
-    let model = common::fixture(name).join("model");
-    let out = convert(
-        &model,
-        Some(&tok),
-        &tmp.path().join("out"),
-        ty,
-        &mut |_, _| {},
-    )
-    .unwrap();
-    (tmp, out)
-}
-
 #[test]
 fn f32_conversion_reads_back_exactly() {
     for name in ["tiny", "tiny17"] {
-        let (_tmp, out) = convert_tiny(name, OutType::F32);
+        let (_tmp, out) = common::convert_tiny(name, OutType::F32);
         let dir = common::fixture(name).join("model");
         let mut src = read_safetensors(&dir.join("model.safetensors"));
         src.extend(read_safetensors(
@@ -271,7 +255,7 @@ fn llama_cpp_loads_the_converted_talker() {
         ("tiny", OutType::Q8_0),
         ("tiny17", OutType::Q4K),
     ] {
-        let (_tmp, out) = convert_tiny(name, ty);
+        let (_tmp, out) = common::convert_tiny(name, ty);
         let model = qtts::ffi::LlamaModel::load(&out.talker).unwrap();
         assert_eq!(model.n_embd(), 64, "{name} {ty:?}");
         assert_eq!(model.n_layer(), 2, "{name} {ty:?}");
@@ -282,7 +266,7 @@ fn llama_cpp_loads_the_converted_talker() {
 
 #[test]
 fn storage_types_follow_the_roles() {
-    let (_tmp, out) = convert_tiny("tiny", OutType::Q8_0);
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::Q8_0);
     let f = GgufFile::open(&out.mmproj).unwrap();
     let ty = |n: &str| f.header.tensor(n).unwrap().ty;
     assert_eq!(ty("a.gen.code.head.weight"), GgmlType::Q8_0);
@@ -292,7 +276,7 @@ fn storage_types_follow_the_roles() {
     assert_eq!(ty("a.gen.wav.up.blk.0.conv.weight"), GgmlType::F32);
     assert_eq!(ty("a.gen.wav.dac.blk.0.snake.alpha"), GgmlType::F32);
     // q4_K needs rows of 256: the tiny model's rows of 64 fall back to q8_0.
-    let (_tmp, out) = convert_tiny("tiny", OutType::Q4K);
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::Q4K);
     let f = GgufFile::open(&out.talker).unwrap();
     assert_eq!(
         f.header.tensor("blk.0.attn_q.weight").unwrap().ty,
@@ -323,41 +307,7 @@ fn failed_conversion_leaves_no_file() {
 /// both of llama.cpp's own loaders accept what `convert` writes from it.
 #[test]
 fn llama_cpp_and_mtmd_load_a_converted_base_model() {
-    use qtts::model::config::Preset;
-    let mut cfg = Preset::Small06Base.config();
-    let t = &mut cfg.tts.talker_config;
-    (
-        t.hidden_size,
-        t.num_hidden_layers,
-        t.num_attention_heads,
-        t.num_key_value_heads,
-    ) = (64, 2, 4, 2);
-    (
-        t.head_dim,
-        t.intermediate_size,
-        t.text_vocab_size,
-        t.text_hidden_size,
-    ) = (32, 128, 1024, 96);
-    t.rope_scaling.mrope_section = vec![6, 5, 5];
-    let cp = &mut t.code_predictor_config;
-    (
-        cp.hidden_size,
-        cp.num_hidden_layers,
-        cp.num_attention_heads,
-        cp.num_key_value_heads,
-    ) = (48, 2, 4, 2);
-    (cp.head_dim, cp.intermediate_size) = (32, 128);
-    cfg.tts.speaker_encoder_config.enc_dim = Some(64);
-    (
-        cfg.tts.im_start_token_id,
-        cfg.tts.im_end_token_id,
-        cfg.tts.assistant_token_id,
-    ) = (1000, 1001, 1002);
-    (
-        cfg.tts.tts_pad_token_id,
-        cfg.tts.tts_bos_token_id,
-        cfg.tts.tts_eos_token_id,
-    ) = (1004, 1005, 1006);
+    let mut cfg = common::tiny_talker(qtts::model::config::Preset::Small06Base);
     let d = &mut cfg.speech_tokenizer.decoder_config;
     (d.codebook_dim, d.latent_dim, d.decoder_dim, d.hidden_size) = (16, 48, 64, 32);
     (d.intermediate_size, d.head_dim) = (64, 4);

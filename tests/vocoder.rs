@@ -241,39 +241,7 @@ fn reduced_precision_files_decode_close_to_the_oracle() {
 #[test]
 fn full_size_decoder_streams_the_same_in_any_chunking() {
     use qtts::model::config::Preset;
-    let mut cfg = Preset::Small06CustomVoice.config();
-    let t = &mut cfg.tts.talker_config;
-    (
-        t.hidden_size,
-        t.num_hidden_layers,
-        t.num_attention_heads,
-        t.num_key_value_heads,
-    ) = (64, 1, 4, 2);
-    (
-        t.head_dim,
-        t.intermediate_size,
-        t.text_vocab_size,
-        t.text_hidden_size,
-    ) = (32, 128, 1024, 64);
-    t.rope_scaling.mrope_section = vec![6, 5, 5];
-    let cp = &mut t.code_predictor_config;
-    (
-        cp.hidden_size,
-        cp.num_hidden_layers,
-        cp.num_attention_heads,
-        cp.num_key_value_heads,
-    ) = (64, 1, 4, 2);
-    (cp.head_dim, cp.intermediate_size) = (32, 128);
-    (
-        cfg.tts.im_start_token_id,
-        cfg.tts.im_end_token_id,
-        cfg.tts.assistant_token_id,
-    ) = (1000, 1001, 1002);
-    (
-        cfg.tts.tts_pad_token_id,
-        cfg.tts.tts_bos_token_id,
-        cfg.tts.tts_eos_token_id,
-    ) = (1004, 1005, 1006);
+    let cfg = common::tiny_talker(Preset::Small06CustomVoice);
     assert_eq!(
         cfg.speech_tokenizer,
         Preset::Small06CustomVoice.config().speech_tokenizer
