@@ -1087,6 +1087,7 @@ impl EmbdBatch {
 pub struct LlamaContext<'m> {
     ptr: NonNull<sys::llama_context>,
     n_embd: usize,
+    n_vocab: usize,
     _model: std::marker::PhantomData<&'m LlamaModel>,
 }
 
@@ -1094,8 +1095,20 @@ pub struct LlamaContext<'m> {
 unsafe impl Send for LlamaContext<'_> {}
 
 impl<'m> LlamaContext<'m> {
-    /// A context of `n_ctx` positions with `n_threads` threads, keeping embeddings of output rows.
+    /// A context of `n_ctx` positions with `n_threads` threads, keeping embeddings of output rows,
+    /// with an f16 KV cache (llama.cpp's default: half the memory, about 1e-3 off an f32 run).
     pub fn new(model: &'m LlamaModel, n_ctx: u32, n_threads: usize) -> Result<Self, GgmlError> {
+        Self::with_kv(model, n_ctx, n_threads, false)
+    }
+
+    /// As [`LlamaContext::new`], with an f32 KV cache when `kv_f32` (exact against f32 references;
+    /// 229 KB per position for the 0.6B talker).
+    pub fn with_kv(
+        model: &'m LlamaModel,
+        n_ctx: u32,
+        n_threads: usize,
+        kv_f32: bool,
+    ) -> Result<Self, GgmlError> {
         // SAFETY: default params are a plain struct; the model outlives the context (lifetime 'm).
         let ptr = unsafe {
             let mut p = sys::llama_context_default_params();
@@ -1107,6 +1120,12 @@ impl<'m> LlamaContext<'m> {
             p.n_threads_batch = n_threads as i32;
             p.embeddings = true;
             p.pooling_type = sys::LLAMA_POOLING_TYPE_NONE;
+            if kv_f32 {
+                p.type_k = sys::GGML_TYPE_F32;
+                p.type_v = sys::GGML_TYPE_F32;
+                // ggml's CPU flash attention rounds through f16; the exact path needs it off.
+                p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_DISABLED;
+            }
             p.no_perf = true;
             sys::llama_init_from_model(model.as_ptr(), p)
         };
@@ -1114,6 +1133,7 @@ impl<'m> LlamaContext<'m> {
             .map(|ptr| LlamaContext {
                 ptr,
                 n_embd: model.n_embd(),
+                n_vocab: model.n_vocab(),
                 _model: std::marker::PhantomData,
             })
             .ok_or(GgmlError::Alloc {
@@ -1153,6 +1173,17 @@ impl<'m> LlamaContext<'m> {
         unsafe {
             let p = sys::llama_get_embeddings_ith(self.ptr.as_ptr(), i);
             (!p.is_null()).then(|| std::slice::from_raw_parts(p, self.n_embd))
+        }
+    }
+
+    /// The logits of batch row `i` (negative counts from the end), if it was kept: `n_vocab` values,
+    /// the codec's 3072 last for the `qwen3tts` architecture (text positions are -inf).
+    pub fn logits(&self, i: i32) -> Option<&[f32]> {
+        // SAFETY: as in embeddings(); llama.cpp returns null for rows without output, else n_vocab
+        // floats living until the next decode.
+        unsafe {
+            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), i);
+            (!p.is_null()).then(|| std::slice::from_raw_parts(p, self.n_vocab))
         }
     }
 

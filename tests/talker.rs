@@ -1,0 +1,78 @@
+//! The talker through llama.cpp (`qwen3tts`, fed input embeddings with IMROPE positions) against
+//! the oracle's `talker_forward` (tiny, tiny17): final-normed hidden states and codec logits of
+//! every position within 1e-4.
+
+mod common;
+
+use common::max_abs;
+use qtts::ffi::{EmbdBatch, LlamaContext, LlamaModel};
+use qtts::model::convert::OutType;
+
+#[test]
+fn talker_forward_matches_the_oracle() {
+    for name in ["tiny", "tiny17"] {
+        let (_tmp, out) = common::convert_tiny(name, OutType::F32);
+        let model = LlamaModel::load(&out.talker).unwrap();
+        let o = common::oracle(&common::fixture(name).join("oracle/talker_forward.safetensors"));
+        let h = model.n_embd();
+        let x = &o["inputs_embeds"];
+        let n = x.len() / h;
+        for threads in [1, 2] {
+            let mut ctx = LlamaContext::with_kv(&model, 64, threads, true).unwrap();
+            let mut batch = EmbdBatch::new(n, h);
+            for t in 0..n {
+                batch.push(&x[t * h..(t + 1) * h], t as i32, true).unwrap();
+            }
+            ctx.decode(&mut batch).unwrap();
+            let mut hidden = Vec::new();
+            let mut logits = Vec::new();
+            for t in 0..n as i32 {
+                hidden.extend_from_slice(ctx.embeddings(t).unwrap());
+                let l = ctx.logits(t).unwrap();
+                logits.extend_from_slice(&l[l.len() - 3072..]);
+            }
+            let (eh, el) = (
+                max_abs(&hidden, &o["last_hidden"]),
+                max_abs(&logits, &o["logits"]),
+            );
+            eprintln!("{name}, {threads} threads: last_hidden {eh:e}, logits {el:e}");
+            assert!(eh < 1e-4 && el < 1e-4, "{name}: hidden {eh}, logits {el}");
+        }
+    }
+}
+
+/// The same positions fed one step at a time through the KV cache give the same outputs, and
+/// clearing the cache starts over.
+#[test]
+fn talker_steps_through_the_kv_cache() {
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let model = LlamaModel::load(&out.talker).unwrap();
+    let o = common::oracle(&common::fixture("tiny").join("oracle/talker_forward.safetensors"));
+    let h = model.n_embd();
+    let x = &o["inputs_embeds"];
+    let n = x.len() / h;
+    let mut ctx = LlamaContext::with_kv(&model, 64, 1, true).unwrap();
+    let mut batch = EmbdBatch::new(n, h);
+    for round in 0..2 {
+        let mut hidden = Vec::new();
+        // A prefill of 5 rows, then one row per step.
+        for t in 0..5 {
+            batch
+                .push(&x[t * h..(t + 1) * h], t as i32, t == 4)
+                .unwrap();
+        }
+        ctx.decode(&mut batch).unwrap();
+        batch.clear();
+        let h4 = ctx.embeddings(-1).unwrap().to_vec();
+        for t in 5..n {
+            batch.push(&x[t * h..(t + 1) * h], t as i32, true).unwrap();
+            ctx.decode(&mut batch).unwrap();
+            batch.clear();
+            hidden.extend_from_slice(ctx.embeddings(-1).unwrap());
+        }
+        let e = max_abs(&h4, &o["last_hidden"][4 * h..5 * h])
+            .max(max_abs(&hidden, &o["last_hidden"][5 * h..]));
+        assert!(e < 1e-4, "round {round}: {e}");
+        ctx.clear();
+    }
+}
