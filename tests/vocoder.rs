@@ -304,3 +304,37 @@ fn full_size_decoder_streams_the_same_in_any_chunking() {
     }
     assert_eq!(voc.non_finite(), 0);
 }
+
+/// The waveforms of the oracle's whole greedy generations (`generate_stream`,
+/// `generate_nonstream`), decoded here frame by frame from the oracle's codes, within 1e-4.
+#[test]
+fn generated_codes_decode_to_the_oracle_waveforms() {
+    for name in ["tiny", "tiny17"] {
+        let (_tmp, mut voc, _) = load(name);
+        let pool = Threadpool::new(1, &[]).unwrap();
+        for run in ["generate_stream", "generate_nonstream"] {
+            let o =
+                common::oracle(&common::fixture(name).join(format!("oracle/{run}.safetensors")));
+            let codes: Vec<[u32; CODEBOOKS]> = o["codes"]
+                .chunks_exact(CODEBOOKS)
+                .map(|f| std::array::from_fn(|k| f[k] as u32))
+                .collect();
+            voc.reset().unwrap();
+            let mut wav = vec![0f32; codes.len() * 1920];
+            for (t, f) in codes.iter().enumerate() {
+                voc.decode_frames(
+                    &pool,
+                    std::slice::from_ref(f),
+                    &mut wav[t * 1920..(t + 1) * 1920],
+                )
+                .unwrap();
+            }
+            let e = max_abs(&wav, &o["wav"]);
+            eprintln!(
+                "{name} {run}: waveform of {} frames off by {e:e}",
+                codes.len()
+            );
+            assert!(e < 1e-4, "{name} {run}: {e}");
+        }
+    }
+}
