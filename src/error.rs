@@ -244,6 +244,11 @@ pub enum ModelError {
         loader: &'static str,
     },
 
+    /// ggml or llama.cpp failed while loading or converting a model (out of memory, a graph that
+    /// does not fit). Free memory or use a smaller type; if it persists, report it.
+    #[error("ggml: {0}")]
+    Ggml(#[from] crate::ffi::GgmlError),
+
     /// The requested output or option is not possible (e.g. an unsupported quantization type).
     /// Pick another option.
     #[error("{what}: expected {expected}, found {found}")]

@@ -127,14 +127,6 @@ pub struct CodePredictor {
     weights: Context,
 }
 
-fn ggml_err(e: GgmlError) -> ModelError {
-    ModelError::Unsupported {
-        what: "ggml in the code predictor".into(),
-        expected: "success".into(),
-        found: e.to_string(),
-    }
-}
-
 impl Geometry {
     fn read(f: &GgufFile) -> Result<Self, ModelError> {
         crate::model::validate::check_mmproj(f.path(), &f.header)?;
@@ -192,20 +184,20 @@ impl CodePredictor {
         let cache_bytes = 2 * g.n_layer * g.head_dim * g.n_head_kv * POSITIONS * 4;
         let overhead = (code.len() + 2 * g.n_layer + 16) * 512;
         let weights = Context::new(weight_bytes as usize + cache_bytes + overhead + (1 << 20))
-            .map_err(ggml_err)?;
+            .map_err(ModelError::from)?;
         for t in &code {
             let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
-            let w = weights.new_tensor(t.ty, &ne).map_err(ggml_err)?;
+            let w = weights.new_tensor(t.ty, &ne).map_err(ModelError::from)?;
             // The validated header guarantees the data is inside the file.
             let data = f.tensor_data(&t.name).unwrap_or_default();
-            w.write_bytes(data).map_err(ggml_err)?;
+            w.write_bytes(data).map_err(ModelError::from)?;
             w.set_name(&t.name);
         }
         for l in 0..g.n_layer {
             for kv in ["k", "v"] {
                 weights
                     .new_f32(&[g.head_dim, g.n_head_kv, POSITIONS])
-                    .map_err(ggml_err)?
+                    .map_err(ModelError::from)?
                     .set_name(&format!("cache.{kv}.{l}"));
             }
         }
@@ -218,11 +210,11 @@ impl CodePredictor {
             });
         };
         let n = head.ne.iter().product::<u64>() as usize;
-        let head_f32 = crate::ffi::dequantize(head.ty, data, n).map_err(ggml_err)?;
+        let head_f32 = crate::ffi::dequantize(head.ty, data, n).map_err(ModelError::from)?;
         let heads = Heads::new(head_f32, g.n_codes, g.n_embd, Kernel::detect());
         let mut steps = Vec::with_capacity(POSITIONS - 1);
         for step in 0..POSITIONS - 1 {
-            steps.push(build_step(&weights, &g, step, true).map_err(ggml_err)?);
+            steps.push(build_step(&weights, &g, step, true).map_err(ModelError::from)?);
         }
         let profile = std::env::var_os("QTTS_PROFILE")
             .is_some_and(|v| v == "1")
@@ -305,7 +297,7 @@ impl CodePredictor {
         };
         for (step, graph) in self.steps.iter_mut().enumerate() {
             let missing = |n: &str| {
-                ggml_err(GgmlError::Shape {
+                ModelError::from(GgmlError::Shape {
                     what: "graph tensor",
                     expected: n.to_owned(),
                     found: "none".into(),
@@ -315,17 +307,17 @@ impl CodePredictor {
                 let t = graph
                     .tensor("in.hidden")
                     .ok_or_else(|| missing("in.hidden"))?;
-                t.write_f32(hidden).map_err(ggml_err)?;
+                t.write_f32(hidden).map_err(ModelError::from)?;
             }
             let t = graph.tensor("in.code").ok_or_else(|| missing("in.code"))?;
-            t.write_i32(&[code as i32]).map_err(ggml_err)?;
+            t.write_i32(&[code as i32]).map_err(ModelError::from)?;
             lap(|p| &mut p.copies, step, &mut self.profile);
-            graph.compute(pool).map_err(ggml_err)?;
+            graph.compute(pool).map_err(ModelError::from)?;
             lap(|p| &mut p.compute, step, &mut self.profile);
             let t = graph
                 .tensor("out.last")
                 .ok_or_else(|| missing("out.last"))?;
-            t.read_f32(last).map_err(ggml_err)?;
+            t.read_f32(last).map_err(ModelError::from)?;
             lap(|p| &mut p.copies, step, &mut self.profile);
             self.heads.logits(step, last, logits);
             lap(|p| &mut p.heads, step, &mut self.profile);
@@ -384,24 +376,26 @@ impl CodePredictor {
         let mut last = vec![0f32; g.n_embd];
         let mut logits = vec![0f32; g.n_codes];
         for step in 0..POSITIONS - 1 {
-            let mut graph = build_step(&self.weights, &g, step, false).map_err(ggml_err)?;
+            let mut graph = build_step(&self.weights, &g, step, false).map_err(ModelError::from)?;
             let t = |n: &str| {
                 graph.tensor(n).ok_or_else(|| {
-                    ggml_err(GgmlError::Shape {
+                    ModelError::from(GgmlError::Shape {
                         what: "graph tensor",
                         expected: n.to_owned(),
                         found: "none".into(),
                     })
                 })
             };
-            t("in.hidden")?.write_f32(hidden).map_err(ggml_err)?;
+            t("in.hidden")?
+                .write_f32(hidden)
+                .map_err(ModelError::from)?;
             let ids: Vec<i32> = codes.iter().map(|&c| c as i32).collect();
-            t("in.codes")?.write_i32(&ids).map_err(ggml_err)?;
-            graph.compute(pool).map_err(ggml_err)?;
+            t("in.codes")?.write_i32(&ids).map_err(ModelError::from)?;
+            graph.compute(pool).map_err(ModelError::from)?;
             let t = graph
                 .tensor("out.last")
-                .ok_or_else(|| ggml_err(GgmlError::Compute { status: -1 }))?;
-            t.read_f32(&mut last).map_err(ggml_err)?;
+                .ok_or_else(|| ModelError::from(GgmlError::Compute { status: -1 }))?;
+            t.read_f32(&mut last).map_err(ModelError::from)?;
             self.heads.logits(step, &last, &mut logits);
             all.extend_from_slice(&logits);
             codes.push(pick(step, &logits));

@@ -386,9 +386,9 @@ impl TextProjector {
         let (n_in, n_out) = (t.text_hidden_size as usize, t.hidden_size as usize);
         let floats =
             n_in * n_in + n_in + n_out * n_in + n_out + Self::ROWS * (4 * n_in + 2 * n_out);
-        let ctx = ffi::Context::new(floats * 4 + (16 << 20)).map_err(ggml_err)?;
+        let ctx = ffi::Context::new(floats * 4 + (16 << 20)).map_err(ModelError::from)?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let pool = ffi::Threadpool::new(threads, &[]).map_err(ggml_err)?;
+        let pool = ffi::Threadpool::new(threads, &[]).map_err(ModelError::from)?;
         let p = "talker.text_projection";
         Ok(TextProjector {
             ctx,
@@ -407,8 +407,8 @@ impl TextProjector {
         let rows = x.len() / self.n_in;
         let ctx = &self.ctx;
         let input = |ne: &[usize], v: &[f32]| {
-            let t = ctx.new_f32(ne).map_err(ggml_err)?;
-            t.write_f32(v).map_err(ggml_err)?;
+            let t = ctx.new_f32(ne).map_err(ModelError::from)?;
+            t.write_f32(v).map_err(ModelError::from)?;
             Ok::<_, ModelError>(t)
         };
         // NB: the weights are copied into the context per chunk of 2048 rows (24 MB for 0.6B), which
@@ -418,26 +418,18 @@ impl TextProjector {
         let w2 = input(&[self.n_in, self.n_out], &self.w2)?;
         let b2 = input(&[self.n_out], &self.b2)?;
         let xin = input(&[self.n_in, rows], x)?;
-        let h = ctx.mul_mat(w1, xin).map_err(ggml_err)?;
-        let h = ctx.add(h, b1).map_err(ggml_err)?;
-        let h = ctx.silu(h).map_err(ggml_err)?;
-        let y = ctx.mul_mat(w2, h).map_err(ggml_err)?;
-        let y = ctx.add(y, b2).map_err(ggml_err)?;
-        let mut g = ctx.graph(y).map_err(ggml_err)?;
-        g.compute(&self.pool).map_err(ggml_err)?;
+        let h = ctx.mul_mat(w1, xin).map_err(ModelError::from)?;
+        let h = ctx.add(h, b1).map_err(ModelError::from)?;
+        let h = ctx.silu(h).map_err(ModelError::from)?;
+        let y = ctx.mul_mat(w2, h).map_err(ModelError::from)?;
+        let y = ctx.add(y, b2).map_err(ModelError::from)?;
+        let mut g = ctx.graph(y).map_err(ModelError::from)?;
+        g.compute(&self.pool).map_err(ModelError::from)?;
         out.resize(rows * self.n_out, 0.0);
-        y.read_f32(out).map_err(ggml_err)?;
+        y.read_f32(out).map_err(ModelError::from)?;
         drop(g);
         self.ctx.reset();
         Ok(())
-    }
-}
-
-fn ggml_err(e: ffi::GgmlError) -> ModelError {
-    ModelError::Unsupported {
-        what: "ggml during conversion".into(),
-        expected: "success".into(),
-        found: e.to_string(),
     }
 }
 
@@ -469,7 +461,7 @@ pub fn encode(ty: GgmlType, values: &[f32], n_per_row: usize) -> Result<Vec<u8>,
             });
             let mut out = Vec::new();
             for p in parts {
-                out.extend(p.map_err(ggml_err)?);
+                out.extend(p.map_err(ModelError::from)?);
             }
             out
         }

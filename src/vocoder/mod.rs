@@ -266,14 +266,6 @@ pub struct Vocoder {
     weights: Context,
 }
 
-fn ggml_err(e: GgmlError) -> ModelError {
-    ModelError::Unsupported {
-        what: "ggml in the decoder".into(),
-        expected: "success".into(),
-        found: e.to_string(),
-    }
-}
-
 /// Copies `n` elements of `es` bytes each: element `i` of the output is element `index(i)` of
 /// `data`.
 fn gather(data: &[u8], es: usize, n: usize, index: impl Fn(usize) -> usize) -> Vec<u8> {
@@ -311,8 +303,8 @@ impl Loader<'_> {
     }
 
     fn put(&self, name: &str, ty: GgmlType, ne: &[usize], bytes: &[u8]) -> Result<(), ModelError> {
-        let t = self.w.new_tensor(ty, ne).map_err(ggml_err)?;
-        t.write_bytes(bytes).map_err(ggml_err)?;
+        let t = self.w.new_tensor(ty, ne).map_err(ModelError::from)?;
+        t.write_bytes(bytes).map_err(ModelError::from)?;
         t.set_name(name);
         Ok(())
     }
@@ -342,7 +334,7 @@ impl Loader<'_> {
         if found != [k, 1, c] {
             return Err(self.shape_err(name, &[k, 1, c], &found));
         }
-        let v = crate::ffi::dequantize(ty, data, k * c).map_err(ggml_err)?;
+        let v = crate::ffi::dequantize(ty, data, k * c).map_err(ModelError::from)?;
         for j in 0..k {
             let tap: Vec<u8> = (0..c).flat_map(|i| v[j + k * i].to_le_bytes()).collect();
             self.put(&format!("{name}.tap{j}"), GgmlType::F32, &[c], &tap)?;
@@ -403,8 +395,8 @@ impl Vocoder {
             .map(|t| 4 * t.ne.iter().product::<u64>())
             .sum();
         let overhead = (wav.len() + 64) * 1024;
-        let w =
-            Context::new((bytes + depthwise) as usize + overhead + (1 << 20)).map_err(ggml_err)?;
+        let w = Context::new((bytes + depthwise) as usize + overhead + (1 << 20))
+            .map_err(ModelError::from)?;
         let l = Loader { f, w };
         let p = "a.gen.wav";
         let (half, cd, lat, dd) = (g.half, g.codebook_dim, g.latent, g.decoder_dim);
@@ -525,9 +517,9 @@ impl Vocoder {
             .iter()
             .map(|(_, ne)| ne.iter().product::<usize>() * 4 + 512)
             .sum();
-        let state = Context::new(state_bytes + (1 << 16)).map_err(ggml_err)?;
+        let state = Context::new(state_bytes + (1 << 16)).map_err(ModelError::from)?;
         for (name, ne) in &shapes {
-            state.new_f32(ne).map_err(ggml_err)?.set_name(name);
+            state.new_f32(ne).map_err(ModelError::from)?.set_name(name);
         }
         let mut v = Vocoder {
             geometry: g,
@@ -542,7 +534,7 @@ impl Vocoder {
             weights,
         };
         v.set_max_chunk(4);
-        v.ensure_graph(1).map_err(ggml_err)?;
+        v.ensure_graph(1).map_err(ModelError::from)?;
         Ok(v)
     }
 
