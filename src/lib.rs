@@ -14,6 +14,8 @@ pub mod ffi;
 pub mod gguf;
 pub mod model;
 pub mod sampling;
+pub mod synth;
+pub mod talker;
 pub mod text;
 pub mod vocoder;
 

@@ -122,6 +122,8 @@ pub struct CodePredictor {
     heads: Heads,
     logits: Vec<f32>,
     last: Vec<f32>,
+    /// One embedding row, for [`CodePredictor::embed_frame`].
+    row: Vec<f32>,
     profile: Option<Profile>,
     /// Read by the graphs through ggml's pointers; owned here to outlive them.
     weights: Context,
@@ -228,6 +230,7 @@ impl CodePredictor {
             heads,
             logits: vec![0.0; g.n_codes],
             last: vec![0.0; g.n_embd],
+            row: vec![0.0; g.n_talker],
             profile,
             weights,
         })
@@ -347,6 +350,51 @@ impl CodePredictor {
     /// The time profile so far, when `QTTS_PROFILE=1` was set at load.
     pub fn profile(&self) -> Option<&Profile> {
         self.profile.as_ref()
+    }
+
+    /// The talker's input for the step after a frame, before its text part: the talker's codec
+    /// embedding of `codes[0]` plus the code predictor's embedding of each of `codes[1..16]`
+    /// (MODEL-NOTES.md §4.4: `C(c0) + Σ Ck(ck)`, summed in that order), written to `out`
+    /// (`n_talker` values). Allocates nothing.
+    pub fn embed_frame(&mut self, codes: &[u32; 16], out: &mut [f32]) -> Result<(), ModelError> {
+        let g = self.geometry;
+        let bad = |found: String| ModelError::Unsupported {
+            what: "frame to embed".into(),
+            expected: format!(
+                "{} values and codes below 3072 (codebook 0), {} (others)",
+                g.n_talker, g.n_codes
+            ),
+            found,
+        };
+        if out.len() != g.n_talker {
+            return Err(bad(format!("{} values", out.len())));
+        }
+        if codes[0] as usize >= crate::model::validate::CODEC_VOCAB as usize
+            || codes[1..].iter().any(|&c| c as usize >= g.n_codes)
+        {
+            return Err(bad(format!("codes {codes:?}")));
+        }
+        let missing = |n: &str| ModelError::MissingTensor {
+            path: "code predictor context".into(),
+            tensor: n.into(),
+        };
+        let c0 = self
+            .weights
+            .get("a.gen.code.out_embd.weight")
+            .ok_or_else(|| missing("a.gen.code.out_embd.weight"))?;
+        c0.read_row(codes[0] as usize, out)?;
+        let tables = self
+            .weights
+            .get("a.gen.code.embd.weight")
+            .ok_or_else(|| missing("a.gen.code.embd.weight"))?;
+        self.row.resize(g.n_talker, 0.0);
+        for (k, &c) in codes[1..].iter().enumerate() {
+            tables.read_row(k * g.n_codes + c as usize, &mut self.row)?;
+            for (o, x) in out.iter_mut().zip(&self.row) {
+                *o += x;
+            }
+        }
+        Ok(())
     }
 
     /// Returns the profile so far and starts a new one (at the end of an utterance).

@@ -864,6 +864,33 @@ impl<'ctx> Tensor<'ctx> {
         Ok(())
     }
 
+    /// Dequantizes row `row` (the rows of `ne[0]` values, counted over all higher dimensions) of
+    /// a contiguous tensor of any type ggml converts to f32 into `out` (length `ne[0]`).
+    pub fn read_row(&self, row: usize, out: &mut [f32]) -> Result<(), GgmlError> {
+        let ne = self.ne();
+        let rows = ne[1] * ne[2] * ne[3];
+        // SAFETY: the tensor is live; these are field reads.
+        let (ty, nb1) = unsafe { ((*self.ptr.as_ptr()).type_, (*self.ptr.as_ptr()).nb[1]) };
+        let gty = crate::gguf::GgmlType::from_u32(ty as u32);
+        let row_bytes = gty.and_then(|t| t.nbytes(&[ne[0] as u64]));
+        match (gty, row_bytes) {
+            (Some(gty), Some(rb)) if row < rows && out.len() == ne[0] && rb as usize == nb1 => {
+                // SAFETY: the tensor is contiguous (nb[1] is one packed row) and holds `rows`
+                // rows; the bytes are only read, and graphs never write weight tensors.
+                let data = unsafe {
+                    let p = sys::ggml_get_data(self.ptr.as_ptr()).cast::<u8>();
+                    std::slice::from_raw_parts(p.add(row * nb1), nb1)
+                };
+                dequantize_into(gty, data, out)
+            }
+            _ => Err(GgmlError::Shape {
+                what: "tensor row",
+                expected: format!("a row below {rows} of {} values", ne[0]),
+                found: format!("row {row} into {} values (type {ty})", out.len()),
+            }),
+        }
+    }
+
     fn check_len(&self, n: usize) -> Result<(), GgmlError> {
         // SAFETY: the tensor is live; reading its type is a field read.
         let ty = unsafe { (*self.ptr.as_ptr()).type_ };
@@ -1030,6 +1057,11 @@ impl EmbdBatch {
     /// Empties the batch.
     pub fn clear(&mut self) {
         self.len = 0;
+    }
+
+    /// The most rows the batch takes.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Rows in the batch.
@@ -1293,6 +1325,18 @@ impl OwnedGraph {
 
 /// Dequantizes `data` (whole rows of ggml type `ty`, `n` values) to f32 with ggml's own routine.
 pub fn dequantize(ty: crate::gguf::GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>, GgmlError> {
+    let mut out = vec![0f32; n];
+    dequantize_into(ty, data, &mut out)?;
+    Ok(out)
+}
+
+/// [`dequantize`] into a caller's buffer, whose length is the number of values; allocates nothing.
+pub fn dequantize_into(
+    ty: crate::gguf::GgmlType,
+    data: &[u8],
+    out: &mut [f32],
+) -> Result<(), GgmlError> {
+    let n = out.len();
     let expected = ty.nbytes(&[n as u64]);
     if n == 0 || expected != Some(data.len() as u64) {
         return Err(GgmlError::Shape {
@@ -1301,7 +1345,6 @@ pub fn dequantize(ty: crate::gguf::GgmlType, data: &[u8], n: usize) -> Result<Ve
             found: format!("{} bytes", data.len()),
         });
     }
-    let mut out = vec![0f32; n];
     match ty {
         crate::gguf::GgmlType::F32 => {
             for (o, c) in out.iter_mut().zip(data.chunks_exact(4)) {
@@ -1324,5 +1367,5 @@ pub fn dequantize(ty: crate::gguf::GgmlType, data: &[u8], n: usize) -> Result<Ve
             }
         }
     }
-    Ok(out)
+    Ok(())
 }

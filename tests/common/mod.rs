@@ -120,3 +120,30 @@ pub fn tiny_talker(preset: qtts::model::config::Preset) -> qtts::model::config::
     ) = (1004, 1005, 1006);
     cfg
 }
+
+/// A random checkpoint of `preset`'s kind with the tiny talker ([`tiny_talker`]) and a small
+/// decoder, converted to f32 GGUF in a temporary directory (a few seconds).
+pub fn tiny_random(
+    preset: qtts::model::config::Preset,
+    seed: u64,
+) -> (tempfile::TempDir, qtts::model::convert::Converted) {
+    let mut cfg = tiny_talker(preset);
+    let d = &mut cfg.speech_tokenizer.decoder_config;
+    (d.codebook_dim, d.latent_dim, d.decoder_dim, d.hidden_size) = (16, 48, 64, 32);
+    (d.intermediate_size, d.head_dim, d.num_hidden_layers) = (64, 4, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tmp.path().join("tokenizer");
+    tiny_tokenizer(&tok);
+    let ckpt = tmp.path().join("ckpt");
+    qtts::model::random::write_random_checkpoint_with(&cfg, seed, &tok, &ckpt, &mut |_, _| {})
+        .unwrap();
+    let out = qtts::model::convert::convert(
+        &ckpt,
+        None,
+        &tmp.path().join("gguf"),
+        qtts::model::convert::OutType::F32,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    (tmp, out)
+}

@@ -1,0 +1,856 @@
+//! The talker: a 28-layer Qwen3 LM on llama.cpp that turns the prompt into codebook 0, one code per
+//! 80 ms frame, and the prompt it is fed.
+//!
+//! Model: Qwen3-TTS-12Hz `Qwen3TTSTalkerForConditionalGeneration` and the prompt built by
+//! `Qwen3TTSForConditionalGeneration.generate` (PyPI `qwen-tts` 0.1.1,
+//! `qwen_tts/core/models/modeling_qwen3_tts.py`); MODEL-NOTES.md §4. Weights: the talker GGUF
+//! (`general.architecture = qwen3tts`), whose `token_embd` rows are the projected text embeddings
+//! `P(t)` followed by the codec embeddings `C(c)`, so every prompt row is a sum of at most two of
+//! its rows, read from the mapped file.
+//!
+//! Contract:
+//! - [`Talker::load`] validates and loads the file, reads the checkpoint's config and tokenizer
+//!   carried in it, and computes the constant `tts_pad`, `tts_bos` and `tts_eos` rows once.
+//! - [`Talker::prompt`] builds an utterance's prefill rows and trailing text rows; an unknown
+//!   speaker, language or instruction for the loaded model is a typed [`TalkerError`].
+//! - A [`Session`] holds the llama.cpp context (the KV cache of one utterance at a time) and the
+//!   logits processors and sampler of codebook 0. [`Session::start`] clears the cache and runs the
+//!   prefill; [`Session::feed`] takes the embedded codes of the frame just produced (see
+//!   [`crate::code_predictor::CodePredictor::embed_frame`]) and runs one step. Each returns the
+//!   next codebook-0 code or why the utterance stopped. After [`Session::new`], neither allocates
+//!   except the prefill batch of a longer prompt than any before.
+//! - Threads: a session runs on the calling thread and llama.cpp's threads (its own count, or a
+//!   caller's [`Threadpool`]); nothing here spawns a thread.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::ModelError;
+use crate::ffi::{EmbdBatch, GgmlError, LlamaContext, LlamaModel, Threadpool};
+use crate::gguf::{GgmlType, GgufFile, Value};
+use crate::model::config::{parse_json, Dialect, GenerationConfig, ModelType, TtsConfig};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::text::Tokenizer;
+
+/// Codebook-0 ids that are acoustic codes (`0..2048`); the rest of the codec vocabulary is
+/// specials, languages and speakers, never sampled except end-of-speech.
+pub const N_CODES: usize = 2048;
+/// The codec vocabulary of the talker's head.
+pub const CODEC_VOCAB: usize = 3072;
+/// Frames at the start of an utterance that cannot end it (`min_new_tokens = 2` in the reference).
+pub const MIN_FRAMES: usize = 2;
+
+/// Why an utterance (or a request) can not be built or run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TalkerError {
+    /// The speaker is not one of the loaded model's.
+    /// Pick one of `supported` (CustomVoice models), or use a model that has named speakers.
+    #[error("unknown speaker '{speaker}' for this {model} model; it supports: {}", list(supported))]
+    UnknownSpeaker {
+        /// What was asked.
+        speaker: String,
+        /// The loaded model's type.
+        model: &'static str,
+        /// The model's speakers (empty: it has none).
+        supported: Vec<String>,
+    },
+    /// The language is not one of the loaded model's.
+    /// Pick one of `supported`, or `auto`.
+    #[error("unknown language '{language}'; this model supports: {}", list(supported))]
+    UnknownLanguage {
+        /// What was asked.
+        language: String,
+        /// The model's languages, `auto` included.
+        supported: Vec<String>,
+    },
+    /// An instruction was given to a model that takes none.
+    /// Drop the instruction, or use a VoiceDesign or 1.7B CustomVoice model.
+    #[error(
+        "this {model} model ({size}) takes no instruction; VoiceDesign and 1.7B CustomVoice models do"
+    )]
+    InstructUnsupported {
+        /// The loaded model's type.
+        model: &'static str,
+        /// Its size tag (`0b6`, `1b7`).
+        size: String,
+    },
+    /// A speaker vector was given to a model without an x-vector slot, or with the wrong width.
+    /// Speaker vectors go to Base models, with the talker's hidden size.
+    #[error("speaker vector: expected {expected}, found {found}")]
+    SpeakerVector {
+        /// What fits.
+        expected: String,
+        /// What was given.
+        found: String,
+    },
+    /// The text has no token to speak, or the given token ids are not a wrapped prompt.
+    /// Give non-empty text; token ids must be the whole
+    /// `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n` string's.
+    #[error("text input: expected {expected}, found {found}")]
+    BadText {
+        /// What fits.
+        expected: String,
+        /// What was given.
+        found: String,
+    },
+    /// The prompt leaves no room for a frame in the context.
+    /// Split the text (see [`crate::text::split`]) or create the session with a larger context.
+    #[error("prompt of {prompt} positions does not fit a context of {n_ctx} with room for a frame")]
+    TooLong {
+        /// Prefill rows.
+        prompt: usize,
+        /// The session's context.
+        n_ctx: usize,
+    },
+    /// [`Session::feed`] was called when no utterance was running.
+    /// Call [`Session::start`] first, and stop feeding once a [`Next::Stop`] came.
+    #[error("no utterance is running: start one before feeding frames")]
+    NotRunning,
+    /// The model files are wrong (see [`ModelError`]).
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// llama.cpp or ggml failed at run time.
+    #[error(transparent)]
+    Ggml(#[from] GgmlError),
+}
+
+fn list(v: &[String]) -> String {
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// What voice to speak with; every field is optional.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Voice {
+    /// A CustomVoice speaker name (case-insensitive).
+    pub speaker: Option<String>,
+    /// A language name (case-insensitive), or `auto` / `None` for the model to choose.
+    pub language: Option<String>,
+    /// A voice instruction (VoiceDesign, 1.7B CustomVoice).
+    pub instruct: Option<String>,
+    /// A speaker x-vector for Base models (the talker's hidden size).
+    pub xvector: Option<Vec<f32>>,
+}
+
+/// How the text enters the prompt (MODEL-NOTES.md §4.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TextMode {
+    /// One text token per frame, starting one ahead of the audio: the first frame comes after a
+    /// short prefill (the reference's `non_streaming_mode=False`).
+    #[default]
+    Streaming,
+    /// The whole text in the prefill (`non_streaming_mode=True`, the wrapper's default for
+    /// CustomVoice and VoiceDesign).
+    NonStreaming,
+}
+
+/// The text of one utterance.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TextInput {
+    /// Plain text, tokenized inside `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n`
+    /// as the official wrapper does.
+    Text(String),
+    /// The ids of that whole wrapped string (as the wrapper passes them to `generate`).
+    TokenIds(Vec<u32>),
+}
+
+/// The talker's input for one utterance: prefill rows and the text rows added to later steps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompt {
+    /// Prefill rows, `len() × n_embd` values.
+    pub rows: Vec<f32>,
+    /// Text rows added to the step inputs in order (streaming text: the text after its first
+    /// token, then `tts_eos`); steps past them add `tts_pad`.
+    pub trailing: Vec<f32>,
+    /// Row width.
+    pub n_embd: usize,
+    /// Text tokens spoken.
+    pub text_tokens: usize,
+}
+
+impl Prompt {
+    /// Prefill rows.
+    pub fn len(&self) -> usize {
+        self.rows.len() / self.n_embd.max(1)
+    }
+
+    /// Whether the prompt has no row.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+/// Why an utterance ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The talker emitted end-of-speech.
+    Eos,
+    /// The frame cap was reached (the runaway guard, a request's `max_frames`, or the context).
+    FrameCap {
+        /// The cap.
+        frames: usize,
+    },
+    /// The request was cancelled.
+    Cancelled,
+}
+
+/// What the talker does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// A frame starts with this codebook-0 code; [`Session::hidden`] holds the state for the code
+    /// predictor.
+    Code(u32),
+    /// The utterance is over.
+    Stop(StopReason),
+}
+
+/// Codebook-0 generation settings of one utterance.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GenOptions {
+    /// Temperature, top-k, top-p, or greedy.
+    pub sampling: SamplingParams,
+    /// HF repetition penalty over the codes generated so far (1.0: none).
+    pub repetition_penalty: f32,
+    /// Seed of the codebook-0 sampler.
+    pub seed: u64,
+    /// Frame cap; `None`: [`Talker::frame_cap`] of the text length.
+    pub max_frames: Option<usize>,
+}
+
+impl GenOptions {
+    /// The checkpoint's `generation_config.json` settings.
+    pub fn from_config(g: &GenerationConfig, seed: u64) -> Self {
+        GenOptions {
+            sampling: SamplingParams::talker(g),
+            repetition_penalty: g.repetition_penalty as f32,
+            seed,
+            max_frames: None,
+        }
+    }
+}
+
+/// The talker model, its tokenizer and its constant rows.
+#[derive(Debug)]
+pub struct Talker {
+    model: LlamaModel,
+    file: GgufFile,
+    config: TtsConfig,
+    generation: GenerationConfig,
+    tokenizer: Tokenizer,
+    n_embd: usize,
+    n_text: usize,
+    embd_ty: GgmlType,
+    embd_row: usize,
+    tts_pad: Vec<f32>,
+    tts_bos: Vec<f32>,
+    tts_eos: Vec<f32>,
+}
+
+fn missing_key(path: &Path, key: &str) -> ModelError {
+    ModelError::MissingKey {
+        path: path.into(),
+        key: key.into(),
+    }
+}
+
+impl Talker {
+    /// Loads a talker GGUF written by `qtts convert` (it carries the checkpoint's config JSON,
+    /// which names the speakers, languages and special ids).
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
+        let path = path.as_ref();
+        let model = LlamaModel::load(path)?;
+        let file = GgufFile::open(path)?;
+        let h = &file.header;
+        let text = |key: &str| {
+            h.get(key)
+                .and_then(Value::as_str)
+                .ok_or_else(|| missing_key(path, key))
+        };
+        let config: TtsConfig = parse_json(text(crate::model::convert::KEY_HF_CONFIG)?, path)?;
+        let generation: GenerationConfig =
+            parse_json(text(crate::model::convert::KEY_HF_GENERATION)?, path)?;
+        let n_text = config.talker_config.text_vocab_size as usize;
+        let n_embd = model.n_embd();
+        let strings = |key: &str| match h.get(key).and_then(Value::as_array) {
+            Some(crate::gguf::Array::Str(v)) => Ok(v),
+            _ => Err(missing_key(path, key)),
+        };
+        let tokens = strings("tokenizer.ggml.tokens")?;
+        let merges = strings("tokenizer.ggml.merges")?;
+        let types = match h.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+            Some(crate::gguf::Array::I32(v)) => v,
+            _ => return Err(missing_key(path, "tokenizer.ggml.token_type")),
+        };
+        if tokens.len() < n_text || types.len() < n_text {
+            return Err(ModelError::BadKey {
+                path: path.into(),
+                key: "tokenizer.ggml.tokens".into(),
+                expected: format!("at least text_vocab_size = {n_text} tokens"),
+                found: tokens.len().min(types.len()).to_string(),
+            });
+        }
+        let tokenizer = Tokenizer::from_parts(&tokens[..n_text], &types[..n_text], merges)
+            .map_err(|e| ModelError::Parse {
+                path: path.into(),
+                message: format!("tokenizer: {e}"),
+            })?;
+        let info = h
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ModelError::MissingTensor {
+                path: path.into(),
+                tensor: "token_embd.weight".into(),
+            })?;
+        let embd_ty = info.ty;
+        let embd_row = embd_ty.nbytes(&[n_embd as u64]).unwrap_or(0) as usize;
+        let mut t = Talker {
+            model,
+            file,
+            config,
+            generation,
+            tokenizer,
+            n_embd,
+            n_text,
+            embd_ty,
+            embd_row,
+            tts_pad: Vec::new(),
+            tts_bos: Vec::new(),
+            tts_eos: Vec::new(),
+        };
+        let c = &t.config;
+        let (pad, bos, eos) = (c.tts_pad_token_id, c.tts_bos_token_id, c.tts_eos_token_id);
+        for (id, slot) in [(pad, 0), (bos, 1), (eos, 2)] {
+            let mut row = vec![0.0; n_embd];
+            t.add_row(id as usize, &mut row)?;
+            match slot {
+                0 => t.tts_pad = row,
+                1 => t.tts_bos = row,
+                _ => t.tts_eos = row,
+            }
+        }
+        Ok(t)
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> PathBuf {
+        self.file.path().to_path_buf()
+    }
+
+    /// The checkpoint's `config.json`.
+    pub fn config(&self) -> &TtsConfig {
+        &self.config
+    }
+
+    /// The checkpoint's `generation_config.json` (the sampling defaults).
+    pub fn generation_config(&self) -> &GenerationConfig {
+        &self.generation
+    }
+
+    /// The text tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The hidden size.
+    pub fn n_embd(&self) -> usize {
+        self.n_embd
+    }
+
+    /// The llama.cpp model.
+    pub fn model(&self) -> &LlamaModel {
+        &self.model
+    }
+
+    /// The runaway guard: the most frames an utterance of `text_tokens` tokens may take, 40 plus 8
+    /// per token (speech runs at about 4 frames per token in English and Chinese alike, so this
+    /// allows half-speed speech and a 3 s tail), bounded by `max_new_tokens` of the checkpoint.
+    pub fn frame_cap(&self, text_tokens: usize) -> usize {
+        (40 + 8 * text_tokens).min(self.generation.max_new_tokens as usize)
+    }
+
+    /// The speakers of the loaded model, sorted.
+    pub fn speakers(&self) -> Vec<String> {
+        self.config.talker_config.spk_id.keys().cloned().collect()
+    }
+
+    /// The languages of the loaded model, sorted, `auto` first.
+    pub fn languages(&self) -> Vec<String> {
+        std::iter::once("auto".to_owned())
+            .chain(self.config.talker_config.codec_language_id.keys().cloned())
+            .collect()
+    }
+
+    /// Adds `token_embd` row `id` (text ids first, then `n_text + codec id`) to `out`.
+    fn add_row(&self, id: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        let data = self.file.tensor_data("token_embd.weight").unwrap_or_default();
+        let start = id * self.embd_row;
+        let Some(bytes) = data.get(start..start + self.embd_row) else {
+            return Err(ModelError::Unsupported {
+                what: "token embedding row".into(),
+                expected: format!("a row below {}", data.len() / self.embd_row.max(1)),
+                found: id.to_string(),
+            });
+        };
+        let mut row = vec![0.0; self.n_embd];
+        crate::ffi::dequantize_into(self.embd_ty, bytes, &mut row)?;
+        for (o, x) in out.iter_mut().zip(&row) {
+            *o += x;
+        }
+        Ok(())
+    }
+
+    /// Appends `P(t)` (+ `C(codec)` when given) as a new row of `rows`.
+    fn push_row(
+        &self,
+        rows: &mut Vec<f32>,
+        text: Option<usize>,
+        codec: Option<u32>,
+    ) -> Result<(), ModelError> {
+        let at = rows.len();
+        rows.resize(at + self.n_embd, 0.0);
+        if let Some(t) = text {
+            self.add_row(t, &mut rows[at..])?;
+        }
+        if let Some(c) = codec {
+            self.add_row(self.n_text + c as usize, &mut rows[at..])?;
+        }
+        Ok(())
+    }
+
+    /// The ids of `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n`, checked.
+    pub fn wrap_text(&self, input: &TextInput) -> Result<Vec<u32>, TalkerError> {
+        let ids = match input {
+            TextInput::Text(t) => self.tokenizer.encode(&format!(
+                "<|im_start|>assistant\n{t}<|im_end|>\n<|im_start|>assistant\n"
+            )),
+            TextInput::TokenIds(ids) => ids.clone(),
+        };
+        let c = &self.config;
+        let n = ids.len();
+        let shape_ok = n >= 9
+            && ids[0] == c.im_start_token_id
+            && ids[n - 5] == c.im_end_token_id
+            && ids[n - 3] == c.im_start_token_id;
+        if !shape_ok {
+            return Err(TalkerError::BadText {
+                expected: format!(
+                    "ids [{}, assistant, \\n, text.., {}, \\n, {}, assistant, \\n] with at least one text token",
+                    c.im_start_token_id, c.im_end_token_id, c.im_start_token_id
+                ),
+                found: format!("{n} ids starting {:?}", &ids[..n.min(4)]),
+            });
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.n_text) {
+            return Err(TalkerError::BadText {
+                expected: format!("text ids below {}", self.n_text),
+                found: bad.to_string(),
+            });
+        }
+        Ok(ids)
+    }
+
+    /// Builds the prompt of one utterance (MODEL-NOTES.md §4.3, the reference's `generate`).
+    pub fn prompt(
+        &self,
+        input: &TextInput,
+        voice: &Voice,
+        mode: TextMode,
+    ) -> Result<Prompt, TalkerError> {
+        let c = &self.config;
+        let t = &c.talker_config;
+        let model = c.tts_model_type.as_str();
+        let ids = self.wrap_text(input)?;
+        let text = &ids[3..ids.len() - 5];
+
+        // Instruction: text-only rows first.
+        let mut rows = Vec::new();
+        if let Some(instruct) = &voice.instruct {
+            let allowed = match c.tts_model_type {
+                ModelType::VoiceDesign => true,
+                ModelType::CustomVoice => c.tts_model_size != "0b6",
+                ModelType::Base => false,
+            };
+            if !allowed {
+                return Err(TalkerError::InstructUnsupported {
+                    model,
+                    size: c.tts_model_size.clone(),
+                });
+            }
+            let ids = self
+                .tokenizer
+                .encode(&format!("<|im_start|>user\n{instruct}<|im_end|>\n"));
+            for id in ids {
+                self.push_row(&mut rows, Some(id as usize), None)?;
+            }
+        }
+
+        // Speaker and language.
+        let speaker = match &voice.speaker {
+            Some(s) if !s.is_empty() => {
+                let key = s.to_lowercase();
+                match t.spk_id.get(&key) {
+                    Some(&id) => Some((key, id)),
+                    None => {
+                        return Err(TalkerError::UnknownSpeaker {
+                            speaker: s.clone(),
+                            model,
+                            supported: self.speakers(),
+                        })
+                    }
+                }
+            }
+            _ => None,
+        };
+        if let Some(x) = &voice.xvector {
+            if c.tts_model_type != ModelType::Base || speaker.is_some() {
+                return Err(TalkerError::SpeakerVector {
+                    expected: "a Base model and no named speaker".into(),
+                    found: format!("a {model} model, speaker {:?}", voice.speaker),
+                });
+            }
+            if x.len() != self.n_embd || x.iter().any(|v| !v.is_finite()) {
+                return Err(TalkerError::SpeakerVector {
+                    expected: format!("{} finite values", self.n_embd),
+                    found: format!("{} values", x.len()),
+                });
+            }
+        }
+        let language = voice
+            .language
+            .as_deref()
+            .unwrap_or("auto")
+            .to_lowercase();
+        let mut lang_id = if language == "auto" {
+            None
+        } else {
+            match t.codec_language_id.get(&language) {
+                Some(&id) => Some(id),
+                None => {
+                    return Err(TalkerError::UnknownLanguage {
+                        language,
+                        supported: self.languages(),
+                    })
+                }
+            }
+        };
+        if let Some((name, _)) = &speaker {
+            if language == "chinese" || language == "auto" {
+                if let Some(Dialect::Language(d)) = t.spk_is_dialect.get(name) {
+                    if let Some(&id) = t.codec_language_id.get(d) {
+                        lang_id = Some(id);
+                    }
+                }
+            }
+        }
+
+        // Role, then the codec prefix over tts_pad .. tts_bos.
+        for &id in &ids[..3] {
+            self.push_row(&mut rows, Some(id as usize), None)?;
+        }
+        enum Slot<'a> {
+            Code(u32),
+            Vector(&'a [f32]),
+        }
+        let mut codec: Vec<Slot> = match lang_id {
+            None => vec![t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id],
+            Some(l) => vec![
+                t.codec_think_id,
+                t.codec_think_bos_id,
+                l,
+                t.codec_think_eos_id,
+            ],
+        }
+        .into_iter()
+        .map(Slot::Code)
+        .collect();
+        if let Some((_, id)) = speaker {
+            codec.push(Slot::Code(id));
+        } else if let Some(x) = &voice.xvector {
+            codec.push(Slot::Vector(x));
+        }
+        codec.push(Slot::Code(t.codec_pad_id));
+        let n = codec.len() + 1;
+        for (i, slot) in codec.iter().enumerate() {
+            let at = rows.len();
+            rows.extend_from_slice(if i + 2 < n {
+                &self.tts_pad
+            } else {
+                &self.tts_bos
+            });
+            match slot {
+                Slot::Code(id) => self.add_row(self.n_text + *id as usize, &mut rows[at..])?,
+                Slot::Vector(x) => {
+                    for (o, v) in rows[at..].iter_mut().zip(x.iter()) {
+                        *o += v;
+                    }
+                }
+            }
+        }
+
+        // The text.
+        let mut trailing = Vec::new();
+        match mode {
+            TextMode::Streaming => {
+                self.push_row(&mut rows, Some(text[0] as usize), Some(t.codec_bos_id))?;
+                for &id in &text[1..] {
+                    self.push_row(&mut trailing, Some(id as usize), None)?;
+                }
+                trailing.extend_from_slice(&self.tts_eos);
+            }
+            TextMode::NonStreaming => {
+                for &id in text {
+                    self.push_row(&mut rows, Some(id as usize), Some(t.codec_pad_id))?;
+                }
+                let at = rows.len();
+                rows.extend_from_slice(&self.tts_eos);
+                self.add_row(self.n_text + t.codec_pad_id as usize, &mut rows[at..])?;
+                let at = rows.len();
+                rows.extend_from_slice(&self.tts_pad);
+                self.add_row(self.n_text + t.codec_bos_id as usize, &mut rows[at..])?;
+            }
+        }
+        Ok(Prompt {
+            rows,
+            trailing,
+            n_embd: self.n_embd,
+            text_tokens: text.len(),
+        })
+    }
+}
+
+/// A llama.cpp context over a [`Talker`]: the KV cache of one utterance at a time, the logits
+/// processors and the codebook-0 sampler.
+#[derive(Debug)]
+pub struct Session<'t> {
+    talker: &'t Talker,
+    ctx: LlamaContext<'t>,
+    n_ctx: usize,
+    batch: EmbdBatch,
+    sampler: Sampler,
+    options: Option<GenOptions>,
+    /// Codebook-0 codes generated in this utterance (the repetition penalty's history).
+    seen: Vec<bool>,
+    logits: Vec<f32>,
+    hidden: Vec<f32>,
+    input: Vec<f32>,
+    trailing: Vec<f32>,
+    pos: usize,
+    frames: usize,
+    cap: usize,
+}
+
+impl<'t> Session<'t> {
+    /// A session of `n_ctx` positions (prompt plus frames) with `n_threads` llama.cpp threads, or
+    /// `pool`'s threads when given. `exact` keeps the KV cache in f32 with flash attention off
+    /// (matches the f32 reference to 1e-5; 229 KB per position for 0.6B, twice f16's).
+    pub fn new(
+        talker: &'t Talker,
+        n_ctx: usize,
+        n_threads: usize,
+        pool: Option<&'t Threadpool>,
+        exact: bool,
+    ) -> Result<Self, TalkerError> {
+        let mut ctx = LlamaContext::with_kv(&talker.model, n_ctx as u32, n_threads, exact)?;
+        if let Some(pool) = pool {
+            ctx.attach_threadpool(pool);
+        }
+        let h = talker.n_embd;
+        Ok(Session {
+            talker,
+            ctx,
+            n_ctx,
+            batch: EmbdBatch::new(64, h),
+            sampler: Sampler::new(0),
+            options: None,
+            seen: vec![false; CODEC_VOCAB],
+            logits: vec![0.0; CODEC_VOCAB],
+            hidden: vec![0.0; h],
+            input: vec![0.0; h],
+            trailing: Vec::new(),
+            pos: 0,
+            frames: 0,
+            cap: 0,
+        })
+    }
+
+    /// The talker this session runs.
+    pub fn talker(&self) -> &'t Talker {
+        self.talker
+    }
+
+    /// The final-normed hidden state of the last position (the code predictor's input).
+    pub fn hidden(&self) -> &[f32] {
+        &self.hidden
+    }
+
+    /// The raw codec logits of the last position, before any processor (3072 values).
+    pub fn raw_logits(&self) -> Option<&[f32]> {
+        let l = self.ctx.logits(-1)?;
+        l.get(l.len().checked_sub(CODEC_VOCAB)?..)
+    }
+
+    /// The row fed at the last step (tests compare it with the reference's step inputs).
+    pub fn last_input(&self) -> &[f32] {
+        &self.input
+    }
+
+    /// Frames started in this utterance.
+    pub fn frames(&self) -> usize {
+        self.frames
+    }
+
+    /// This utterance's frame cap.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Starts an utterance: clears the KV cache, runs the prefill and picks the first code.
+    pub fn start(&mut self, prompt: &Prompt, opts: &GenOptions) -> Result<Next, TalkerError> {
+        let h = self.talker.n_embd;
+        if prompt.n_embd != h || prompt.is_empty() || prompt.trailing.len() % h != 0 {
+            return Err(TalkerError::BadText {
+                expected: format!("prompt rows of width {h}"),
+                found: format!(
+                    "{} values of width {}",
+                    prompt.rows.len(),
+                    prompt.n_embd
+                ),
+            });
+        }
+        let n = prompt.len();
+        if n + 1 > self.n_ctx {
+            return Err(TalkerError::TooLong {
+                prompt: n,
+                n_ctx: self.n_ctx,
+            });
+        }
+        self.ctx.clear();
+        self.options = Some(*opts);
+        self.sampler = Sampler::new(opts.seed);
+        self.seen.iter_mut().for_each(|s| *s = false);
+        self.trailing.clear();
+        self.trailing.extend_from_slice(&prompt.trailing);
+        let want = opts
+            .max_frames
+            .unwrap_or_else(|| self.talker.frame_cap(prompt.text_tokens));
+        // Frame f > 0 is fed at position n + f - 1; the last needs no step after it.
+        self.cap = want.min(self.n_ctx - n + 1);
+        self.frames = 0;
+        if self.cap == 0 {
+            self.options = None;
+            return Ok(Next::Stop(StopReason::FrameCap { frames: 0 }));
+        }
+        if self.batch.capacity() < n {
+            self.batch = EmbdBatch::new(n, h);
+        }
+        self.batch.clear();
+        for (i, row) in prompt.rows.chunks_exact(h).enumerate() {
+            self.batch.push(row, i as i32, i + 1 == n)?;
+        }
+        self.ctx.decode(&mut self.batch)?;
+        self.pos = n;
+        self.next()
+    }
+
+    /// Feeds the frame just produced (`embedded`: [`CodePredictor::embed_frame`] of its 16 codes)
+    /// plus the next text row, and picks the next code.
+    ///
+    /// [`CodePredictor::embed_frame`]: crate::code_predictor::CodePredictor::embed_frame
+    pub fn feed(&mut self, embedded: &[f32]) -> Result<Next, TalkerError> {
+        let h = self.talker.n_embd;
+        if self.options.is_none() {
+            return Err(TalkerError::NotRunning);
+        }
+        if embedded.len() != h {
+            return Err(TalkerError::Ggml(GgmlError::Shape {
+                what: "embedded frame",
+                expected: h.to_string(),
+                found: embedded.len().to_string(),
+            }));
+        }
+        if self.frames >= self.cap {
+            self.options = None;
+            return Ok(Next::Stop(StopReason::FrameCap { frames: self.cap }));
+        }
+        let step = self.frames - 1;
+        let text = self
+            .trailing
+            .get(step * h..(step + 1) * h)
+            .unwrap_or(&self.talker.tts_pad);
+        for ((o, e), t) in self.input.iter_mut().zip(embedded).zip(text) {
+            *o = e + t;
+        }
+        self.batch.clear();
+        self.batch.push(&self.input, self.pos as i32, true)?;
+        self.ctx.decode(&mut self.batch)?;
+        self.pos += 1;
+        self.next()
+    }
+
+    /// Ends the running utterance early (its cache stays until the next start).
+    pub fn cancel(&mut self) -> Next {
+        self.options = None;
+        Next::Stop(StopReason::Cancelled)
+    }
+
+    /// Reads the last position's outputs, applies the processors and picks a code.
+    fn next(&mut self) -> Result<Next, TalkerError> {
+        let Some(opts) = self.options else {
+            return Err(TalkerError::NotRunning);
+        };
+        let missing = || {
+            TalkerError::Ggml(GgmlError::Shape {
+                what: "talker output",
+                expected: "the last row's embeddings and logits".into(),
+                found: "none".into(),
+            })
+        };
+        let hidden = self.ctx.embeddings(-1).ok_or_else(missing)?;
+        self.hidden.copy_from_slice(hidden);
+        let all = self.ctx.logits(-1).ok_or_else(missing)?;
+        let raw = all
+            .get(all.len().saturating_sub(CODEC_VOCAB)..)
+            .filter(|r| r.len() == CODEC_VOCAB)
+            .ok_or_else(missing)?;
+        self.logits.copy_from_slice(raw);
+        let eos = self.talker.config.talker_config.codec_eos_token_id as usize;
+        process_logits(
+            &mut self.logits,
+            &self.seen,
+            opts.repetition_penalty,
+            eos,
+            self.frames < MIN_FRAMES,
+        );
+        let code = self.sampler.sample(&self.logits, &opts.sampling);
+        if code as usize == eos {
+            self.options = None;
+            return Ok(Next::Stop(StopReason::Eos));
+        }
+        self.seen[code as usize] = true;
+        self.frames += 1;
+        Ok(Next::Code(code))
+    }
+}
+
+/// The talker's logits processors, in the reference's order (HF `generate`): the repetition
+/// penalty over the codes in `seen` (`x / p` if positive, else `x * p`), the suppression of every
+/// id from 2048 up but `eos`, and, while `mask_eos` (the first [`MIN_FRAMES`] frames), `eos` too.
+pub fn process_logits(logits: &mut [f32], seen: &[bool], penalty: f32, eos: usize, mask_eos: bool) {
+    if penalty != 1.0 {
+        for (x, _) in logits.iter_mut().zip(seen).filter(|(_, &s)| s) {
+            *x = if *x < 0.0 { *x * penalty } else { *x / penalty };
+        }
+    }
+    for (i, x) in logits.iter_mut().enumerate().skip(N_CODES) {
+        if i != eos || mask_eos {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+    if mask_eos {
+        if let Some(x) = logits.get_mut(eos) {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+}

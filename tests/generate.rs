@@ -1,0 +1,379 @@
+//! Prompts and generation against the oracle's `generate_stream` and `generate_nonstream` (tiny,
+//! tiny17: language english, speaker vivian, greedy, repetition penalty 1.05): the built prefill and
+//! every step input within 1e-4, the raw talker logits within 1e-4, and the greedy codes exact.
+
+mod common;
+
+use common::max_abs;
+use qtts::code_predictor::CodePredictor;
+use qtts::ffi::Threadpool;
+use qtts::gguf::GgufFile;
+use qtts::model::convert::OutType;
+use qtts::sampling::SamplingParams;
+use qtts::synth::{generate_codes, Flow};
+use qtts::talker::{
+    GenOptions, Next, Session, StopReason, Talker, TalkerError, TextInput, TextMode, Voice,
+};
+
+fn vivian() -> Voice {
+    Voice {
+        speaker: Some("Vivian".into()),
+        language: Some("English".into()),
+        ..Voice::default()
+    }
+}
+
+fn greedy(max_frames: usize) -> GenOptions {
+    GenOptions {
+        sampling: SamplingParams::GREEDY,
+        repetition_penalty: 1.05,
+        seed: 0,
+        max_frames: Some(max_frames),
+    }
+}
+
+#[test]
+fn greedy_generation_reproduces_the_oracle() {
+    for name in ["tiny", "tiny17"] {
+        let (_tmp, out) = common::convert_tiny(name, OutType::F32);
+        let talker = Talker::load(&out.talker).unwrap();
+        let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+        let pool = Threadpool::new(1, &[]).unwrap();
+        let h = talker.n_embd();
+        for (run, mode) in [
+            ("generate_stream", TextMode::Streaming),
+            ("generate_nonstream", TextMode::NonStreaming),
+        ] {
+            let o =
+                common::oracle(&common::fixture(name).join(format!("oracle/{run}.safetensors")));
+            let ids: Vec<u32> = o["input_ids"].iter().map(|&x| x as u32).collect();
+            let prompt = talker
+                .prompt(&TextInput::TokenIds(ids.clone()), &vivian(), mode)
+                .unwrap();
+            let ep = max_abs(&prompt.rows, &o["prefill_embeds"]);
+            let codes = &o["codes"];
+            let frames = codes.len() / 16;
+
+            // Teacher-forced by construction (the codes are ours, and must equal the oracle's):
+            // one step past the oracle's frames, so that all its step inputs are built.
+            let mut session = Session::new(&talker, 64, 1, None, true).unwrap();
+            let mut next = session.start(&prompt, &greedy(frames + 1)).unwrap();
+            let (mut logits, mut steps, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+            let mut embedded = vec![0.0; h];
+            for f in 0..frames {
+                logits.extend_from_slice(session.raw_logits().unwrap());
+                let Next::Code(c0) = next else {
+                    panic!("{name} {run}: stopped at frame {f}: {next:?}")
+                };
+                let rest = cp
+                    .frame(
+                        &pool,
+                        session.hidden(),
+                        c0,
+                        &mut |_, l| qtts::sampling::argmax(l),
+                        None,
+                    )
+                    .unwrap();
+                let mut frame = [c0; 16];
+                frame[1..].copy_from_slice(&rest);
+                ours.extend(frame.iter().map(|&c| c as f32));
+                cp.embed_frame(&frame, &mut embedded).unwrap();
+                next = session.feed(&embedded).unwrap();
+                steps.extend_from_slice(session.last_input());
+            }
+            logits.extend_from_slice(session.raw_logits().unwrap());
+            let es = max_abs(&steps, &o["step_embeds"]);
+            let el = max_abs(&logits, &o["talker_logits_raw"]);
+            eprintln!("{name} {run}: prefill {ep:e}, steps {es:e}, talker logits {el:e}");
+            assert!(ep < 1e-4 && es < 1e-4 && el < 1e-4, "{name} {run}");
+            assert_eq!(&ours, codes, "{name} {run}: codes");
+
+            // The whole loop, capped at the oracle's frame count.
+            let mut got = Vec::new();
+            let stop = generate_codes(
+                &mut session,
+                &mut cp,
+                &pool,
+                &prompt,
+                &greedy(frames),
+                &SamplingParams::GREEDY,
+                &mut |c| {
+                    got.extend(c.iter().map(|&c| c as f32));
+                    Flow::Continue
+                },
+            )
+            .unwrap();
+            assert_eq!(&got, codes, "{name} {run}: generate_codes");
+            assert_eq!(stop, StopReason::FrameCap { frames });
+        }
+    }
+}
+
+/// Text given as text is wrapped and tokenized as the official wrapper does, so it builds the same
+/// prompt as its token ids.
+#[test]
+fn text_and_token_ids_build_the_same_prompt() {
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let talker = Talker::load(&out.talker).unwrap();
+    let text = "Hello, world!";
+    // The tiny tokenizer is byte-level: one id per byte.
+    let mut ids = vec![1000, 1002, 1003];
+    ids.extend(text.bytes().map(|b| {
+        let c = qtts::text::bpe::byte_chars()[b as usize];
+        talker.tokenizer().token_to_id(&c.to_string()).unwrap()
+    }));
+    ids.extend([1001, 1003, 1000, 1002, 1003]);
+    for mode in [TextMode::Streaming, TextMode::NonStreaming] {
+        let a = talker
+            .prompt(&TextInput::Text(text.into()), &vivian(), mode)
+            .unwrap();
+        let b = talker
+            .prompt(&TextInput::TokenIds(ids.clone()), &vivian(), mode)
+            .unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.text_tokens, text.len());
+    }
+}
+
+/// The codec prefix rules of the reference: `auto` uses no-think without a language row, a dialect
+/// speaker replaces chinese and auto by its dialect, and a missing speaker drops the slot.
+#[test]
+fn prompt_layout_follows_the_reference_rules() {
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let talker = Talker::load(&out.talker).unwrap();
+    let h = talker.n_embd();
+    let text = TextInput::Text("abc".into());
+    let rows = |v: Voice| {
+        talker
+            .prompt(&text, &v, TextMode::Streaming)
+            .unwrap()
+            .rows
+            .len()
+            / h
+    };
+    let voice = |s: Option<&str>, l: Option<&str>| Voice {
+        speaker: s.map(Into::into),
+        language: l.map(Into::into),
+        ..Voice::default()
+    };
+    // role 3 + prefix (4 with a language, 3 for auto) + speaker + pad/bos pair (1) + first text.
+    assert_eq!(rows(voice(Some("vivian"), Some("english"))), 3 + 4 + 1 + 1 + 1);
+    assert_eq!(rows(voice(Some("vivian"), None)), 3 + 3 + 1 + 1 + 1);
+    assert_eq!(rows(voice(None, Some("auto"))), 3 + 3 + 1 + 1);
+    // eric speaks Sichuan dialect for chinese and auto: the same rows as asking for it directly.
+    let p = |v: Voice| talker.prompt(&text, &v, TextMode::Streaming).unwrap();
+    assert_eq!(
+        p(voice(Some("eric"), Some("chinese"))),
+        p(voice(Some("eric"), Some("sichuan_dialect")))
+    );
+    assert_eq!(
+        p(voice(Some("eric"), None)),
+        p(voice(Some("eric"), Some("sichuan_dialect")))
+    );
+    assert_ne!(
+        p(voice(Some("eric"), Some("english"))),
+        p(voice(Some("eric"), Some("sichuan_dialect")))
+    );
+    // Non-streaming: every text token plus tts_eos and the final pad/bos row in the prefill.
+    let n = talker
+        .prompt(
+            &text,
+            &voice(Some("vivian"), Some("english")),
+            TextMode::NonStreaming,
+        )
+        .unwrap();
+    assert_eq!(n.len(), 3 + 4 + 1 + 1 + 3 + 1 + 1);
+    assert!(n.trailing.is_empty());
+    let s = p(voice(Some("vivian"), Some("english")));
+    assert_eq!(s.trailing.len() / h, 3); // "bc" then tts_eos
+}
+
+#[test]
+fn bad_voices_and_texts_are_typed_errors() {
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let talker = Talker::load(&out.talker).unwrap();
+    let text = TextInput::Text("abc".into());
+    let v = |s: &str, l: &str| Voice {
+        speaker: Some(s.into()),
+        language: Some(l.into()),
+        ..Voice::default()
+    };
+    let err = talker
+        .prompt(&text, &v("nobody", "english"), TextMode::Streaming)
+        .unwrap_err();
+    match &err {
+        TalkerError::UnknownSpeaker { supported, .. } => {
+            assert_eq!(supported.len(), 9);
+            assert!(supported.contains(&"vivian".to_string()));
+        }
+        e => panic!("{e}"),
+    }
+    assert!(err.to_string().contains("vivian"), "{err}");
+    match talker.prompt(&text, &v("vivian", "klingon"), TextMode::Streaming) {
+        Err(TalkerError::UnknownLanguage { supported, .. }) => {
+            assert!(supported.contains(&"auto".into()) && supported.contains(&"english".into()))
+        }
+        r => panic!("{r:?}"),
+    }
+    for bad in [
+        TextInput::Text(String::new()),
+        TextInput::TokenIds(vec![1000, 1002, 1003]),
+        TextInput::TokenIds(vec![1000, 1002, 1003, 97, 1001, 1003, 1000, 1002, 1003, 5000]),
+    ] {
+        match talker.prompt(&bad, &Voice::default(), TextMode::Streaming) {
+            Err(TalkerError::BadText { .. }) => {}
+            r => panic!("{bad:?}: {r:?}"),
+        }
+    }
+    let xv = Voice {
+        xvector: Some(vec![0.0; talker.n_embd()]),
+        ..Voice::default()
+    };
+    assert!(matches!(
+        talker.prompt(&text, &xv, TextMode::Streaming),
+        Err(TalkerError::SpeakerVector { .. })
+    ));
+}
+
+/// Base models take an x-vector of the hidden size and no named speaker or instruction.
+#[test]
+fn base_models_take_a_speaker_vector_and_no_instruction() {
+    use qtts::model::config::Preset;
+    let (_tmp, out) = common::tiny_random(Preset::Small06Base, 11);
+    let talker = Talker::load(&out.talker).unwrap();
+    let h = talker.n_embd();
+    let text = TextInput::Text("abc".into());
+    let base = talker
+        .prompt(&text, &Voice::default(), TextMode::Streaming)
+        .unwrap();
+    let x: Vec<f32> = (0..h).map(|i| (i as f32 * 0.37).sin()).collect();
+    let with = talker
+        .prompt(
+            &text,
+            &Voice {
+                xvector: Some(x.clone()),
+                ..Voice::default()
+            },
+            TextMode::Streaming,
+        )
+        .unwrap();
+    // One more row (the slot after the 3-row auto prefix: tts_pad + x), the rest unchanged.
+    assert_eq!(with.len(), base.len() + 1);
+    assert_eq!(&with.rows[..6 * h], &base.rows[..6 * h]);
+    assert_eq!(&with.rows[7 * h..], &base.rows[6 * h..]);
+    let twice = talker
+        .prompt(
+            &text,
+            &Voice {
+                xvector: Some(x.iter().map(|v| 2.0 * v).collect()),
+                ..Voice::default()
+            },
+            TextMode::Streaming,
+        )
+        .unwrap();
+    let diff: Vec<f32> = (6 * h..7 * h)
+        .map(|i| twice.rows[i] - with.rows[i])
+        .collect();
+    assert!(max_abs(&diff, &x) < 1e-6);
+    for bad in [vec![0.0; h - 1], vec![f32::NAN; h]] {
+        let v = Voice {
+            xvector: Some(bad),
+            ..Voice::default()
+        };
+        assert!(matches!(
+            talker.prompt(&text, &v, TextMode::Streaming),
+            Err(TalkerError::SpeakerVector { .. })
+        ));
+    }
+    let v = Voice {
+        instruct: Some("Speak slowly.".into()),
+        ..Voice::default()
+    };
+    assert!(matches!(
+        talker.prompt(&text, &v, TextMode::Streaming),
+        Err(TalkerError::InstructUnsupported { .. })
+    ));
+    let v = Voice {
+        speaker: Some("vivian".into()),
+        ..Voice::default()
+    };
+    match talker.prompt(&text, &v, TextMode::Streaming) {
+        Err(TalkerError::UnknownSpeaker { supported, .. }) => assert!(supported.is_empty()),
+        r => panic!("{r:?}"),
+    }
+}
+
+/// VoiceDesign puts the instruction's rows first, text-only.
+#[test]
+fn voice_design_prepends_the_instruction() {
+    use qtts::model::config::Preset;
+    let (_tmp, out) = common::tiny_random(Preset::Large17VoiceDesign, 12);
+    let talker = Talker::load(&out.talker).unwrap();
+    let h = talker.n_embd();
+    let text = TextInput::Text("abc".into());
+    let plain = talker
+        .prompt(&text, &Voice::default(), TextMode::NonStreaming)
+        .unwrap();
+    let instruct = "Calm.";
+    let v = Voice {
+        instruct: Some(instruct.into()),
+        ..Voice::default()
+    };
+    let with = talker.prompt(&text, &v, TextMode::NonStreaming).unwrap();
+    // <|im_start|> "user" "\n" "Calm." <|im_end|> "\n": byte-level, so 1 + 4 + 1 + 5 + 1 + 1 ids.
+    let n = talker
+        .tokenizer()
+        .encode(&format!("<|im_start|>user\n{instruct}<|im_end|>\n"))
+        .len();
+    assert_eq!(n, 13);
+    assert_eq!(with.len(), plain.len() + n);
+    assert_eq!(&with.rows[n * h..], &plain.rows[..]);
+}
+
+/// The same seed gives the same codes; another seed other codes; the frame cap is reported.
+#[test]
+fn seeds_reproduce_sampled_codes() {
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let talker = Talker::load(&out.talker).unwrap();
+    let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let prompt = talker
+        .prompt(
+            &TextInput::Text("Hello there.".into()),
+            &vivian(),
+            TextMode::Streaming,
+        )
+        .unwrap();
+    let mut session = Session::new(&talker, 128, 1, None, false).unwrap();
+    let g = talker.generation_config().clone();
+    let mut run = |seed: u64| {
+        let mut opts = GenOptions::from_config(&g, seed);
+        opts.max_frames = Some(12);
+        let mut codes = Vec::new();
+        let stop = generate_codes(
+            &mut session,
+            &mut cp,
+            &pool,
+            &prompt,
+            &opts,
+            &SamplingParams::code_predictor(&g),
+            &mut |c| {
+                codes.push(*c);
+                Flow::Continue
+            },
+        )
+        .unwrap();
+        (codes, stop)
+    };
+    let (a, sa) = run(7);
+    let (b, _) = run(7);
+    let (c, _) = run(8);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    // Random weights rarely emit EOS: the cap ends the utterance, and says so.
+    if sa != StopReason::Eos {
+        assert_eq!(sa, StopReason::FrameCap { frames: 12 });
+        assert_eq!(a.len(), 12);
+    }
+    assert!(a.iter().flatten().all(|&c| c < 2048));
+}
