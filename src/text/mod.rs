@@ -32,6 +32,7 @@
 //! test).
 
 pub mod bpe;
+pub mod split;
 mod pretokenize;
 
 use std::borrow::Cow;
