@@ -157,7 +157,10 @@ fn prompt_layout_follows_the_reference_rules() {
         ..Voice::default()
     };
     // role 3 + prefix (4 with a language, 3 for auto) + speaker + pad/bos pair (1) + first text.
-    assert_eq!(rows(voice(Some("vivian"), Some("english"))), 3 + 4 + 1 + 1 + 1);
+    assert_eq!(
+        rows(voice(Some("vivian"), Some("english"))),
+        3 + 4 + 1 + 1 + 1
+    );
     assert_eq!(rows(voice(Some("vivian"), None)), 3 + 3 + 1 + 1 + 1);
     assert_eq!(rows(voice(None, Some("auto"))), 3 + 3 + 1 + 1);
     // eric speaks Sichuan dialect for chinese and auto: the same rows as asking for it directly.
@@ -218,7 +221,9 @@ fn bad_voices_and_texts_are_typed_errors() {
     for bad in [
         TextInput::Text(String::new()),
         TextInput::TokenIds(vec![1000, 1002, 1003]),
-        TextInput::TokenIds(vec![1000, 1002, 1003, 97, 1001, 1003, 1000, 1002, 1003, 5000]),
+        TextInput::TokenIds(vec![
+            1000, 1002, 1003, 97, 1001, 1003, 1000, 1002, 1003, 5000,
+        ]),
     ] {
         match talker.prompt(&bad, &Voice::default(), TextMode::Streaming) {
             Err(TalkerError::BadText { .. }) => {}

@@ -29,8 +29,25 @@ fn check_cover(text: &str, segs: &[Segment], tok: &Tokenizer, max: usize) {
 
 fn sentences(n_chars: usize) -> String {
     let words = [
-        "the", "engine", "speaks", "every", "sentence", "as", "soon", "as", "its", "first",
-        "frame", "exists", "while", "playback", "continues", "on", "the", "other", "core",
+        "the",
+        "engine",
+        "speaks",
+        "every",
+        "sentence",
+        "as",
+        "soon",
+        "as",
+        "its",
+        "first",
+        "frame",
+        "exists",
+        "while",
+        "playback",
+        "continues",
+        "on",
+        "the",
+        "other",
+        "core",
     ];
     let mut s = String::new();
     let mut i = 0usize;
@@ -57,7 +74,11 @@ fn long_text_splits_at_sentences() {
     let segs = split(&text, &tok, 150);
     check_cover(&text, &segs, &tok, 150);
     let total = tok.encode(&text).len();
-    assert!(segs.len() >= total.div_ceil(150), "{} segments, {total} tokens", segs.len());
+    assert!(
+        segs.len() >= total.div_ceil(150),
+        "{} segments, {total} tokens",
+        segs.len()
+    );
     for s in &segs[..segs.len() - 1] {
         assert_eq!(s.cut, Cut::Sentence, "{:?}", &text[s.range.clone()]);
         assert!(text[s.range.clone()].ends_with(['.', '?']));
@@ -73,7 +94,11 @@ fn long_text_without_punctuation_splits_at_spaces() {
     let segs = split(&text, &tok, 150);
     check_cover(&text, &segs, &tok, 150);
     let total = tok.encode(&text).len();
-    assert!(segs.len() >= total.div_ceil(150), "{} segments, {total} tokens", segs.len());
+    assert!(
+        segs.len() >= total.div_ceil(150),
+        "{} segments, {total} tokens",
+        segs.len()
+    );
     assert!(segs[..segs.len() - 1].iter().all(|s| s.cut == Cut::Space));
 }
 
@@ -106,7 +131,9 @@ fn text_without_spaces_or_punctuation_is_cut_between_characters() {
         .collect();
     let segs = split(&punct, &tok, 150);
     check_cover(&punct, &segs, &tok, 150);
-    assert!(segs[..segs.len() - 1].iter().all(|s| s.cut == Cut::Sentence));
+    assert!(segs[..segs.len() - 1]
+        .iter()
+        .all(|s| s.cut == Cut::Sentence));
 }
 
 #[test]
@@ -134,7 +161,10 @@ fn short_and_empty_texts() {
 #[test]
 fn normalize_cleans_what_users_paste() {
     assert_eq!(normalize("  Hello,\t\tworld!  "), "Hello, world!");
-    assert_eq!(normalize("one\r\ntwo\rthree\n\n\nfour"), "one\ntwo\nthree\nfour");
+    assert_eq!(
+        normalize("one\r\ntwo\rthree\n\n\nfour"),
+        "one\ntwo\nthree\nfour"
+    );
     assert_eq!(normalize("a \n b"), "a\nb");
     assert_eq!(normalize("\u{feff}bell\u{7}s\u{0}"), "bells");
     // NFC: e + combining acute becomes é.

@@ -871,6 +871,8 @@ impl<'ctx> Tensor<'ctx> {
         let rows = ne[1] * ne[2] * ne[3];
         // SAFETY: the tensor is live; these are field reads.
         let (ty, nb1) = unsafe { ((*self.ptr.as_ptr()).type_, (*self.ptr.as_ptr()).nb[1]) };
+        // ggml_type is a C enum: u32 here, i32 on some targets.
+        #[allow(clippy::unnecessary_cast)]
         let gty = crate::gguf::GgmlType::from_u32(ty as u32);
         let row_bytes = gty.and_then(|t| t.nbytes(&[ne[0] as u64]));
         match (gty, row_bytes) {

@@ -16,7 +16,9 @@ pub fn write_tiny_tokenizer(dir: &Path) -> Result<(), ModelError> {
     }
     // Merges that spell `assistant` (as the real vocabulary's do), so that wrapped text tokenizes
     // to the ids the configs name.
-    let pieces = ["as", "ass", "assi", "assis", "assist", "assista", "assistan"];
+    let pieces = [
+        "as", "ass", "assi", "assis", "assist", "assista", "assistan",
+    ];
     for (i, p) in pieces.iter().enumerate() {
         vocab.insert((*p).into(), (256 + i).into());
     }

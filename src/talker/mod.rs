@@ -45,7 +45,10 @@ pub const MIN_FRAMES: usize = 2;
 pub enum TalkerError {
     /// The speaker is not one of the loaded model's.
     /// Pick one of `supported` (CustomVoice models), or use a model that has named speakers.
-    #[error("unknown speaker '{speaker}' for this {model} model; it supports: {}", list(supported))]
+    #[error(
+        "unknown speaker '{speaker}' for this {model} model; it supports: {}",
+        list(supported)
+    )]
     UnknownSpeaker {
         /// What was asked.
         speaker: String,
@@ -56,7 +59,10 @@ pub enum TalkerError {
     },
     /// The language is not one of the loaded model's.
     /// Pick one of `supported`, or `auto`.
-    #[error("unknown language '{language}'; this model supports: {}", list(supported))]
+    #[error(
+        "unknown language '{language}'; this model supports: {}",
+        list(supported)
+    )]
     UnknownLanguage {
         /// What was asked.
         language: String,
@@ -95,7 +101,9 @@ pub enum TalkerError {
     },
     /// The prompt leaves no room for a frame in the context.
     /// Split the text (see [`crate::text::split`]) or create the session with a larger context.
-    #[error("prompt of {prompt} positions does not fit a context of {n_ctx} with room for a frame")]
+    #[error(
+        "prompt of {prompt} positions does not fit a context of {n_ctx} with room for a frame"
+    )]
     TooLong {
         /// Prefill rows.
         prompt: usize,
@@ -384,7 +392,10 @@ impl Talker {
 
     /// Adds `token_embd` row `id` (text ids first, then `n_text + codec id`) to `out`.
     fn add_row(&self, id: usize, out: &mut [f32]) -> Result<(), ModelError> {
-        let data = self.file.tensor_data("token_embd.weight").unwrap_or_default();
+        let data = self
+            .file
+            .tensor_data("token_embd.weight")
+            .unwrap_or_default();
         let start = id * self.embd_row;
         let Some(bytes) = data.get(start..start + self.embd_row) else {
             return Err(ModelError::Unsupported {
@@ -517,11 +528,7 @@ impl Talker {
                 });
             }
         }
-        let language = voice
-            .language
-            .as_deref()
-            .unwrap_or("auto")
-            .to_lowercase();
+        let language = voice.language.as_deref().unwrap_or("auto").to_lowercase();
         let mut lang_id = if language == "auto" {
             None
         } else {
@@ -554,7 +561,11 @@ impl Talker {
             Vector(&'a [f32]),
         }
         let mut codec: Vec<Slot> = match lang_id {
-            None => vec![t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id],
+            None => vec![
+                t.codec_nothink_id,
+                t.codec_think_bos_id,
+                t.codec_think_eos_id,
+            ],
             Some(l) => vec![
                 t.codec_think_id,
                 t.codec_think_bos_id,
@@ -709,14 +720,10 @@ impl<'t> Session<'t> {
     /// Starts an utterance: clears the KV cache, runs the prefill and picks the first code.
     pub fn start(&mut self, prompt: &Prompt, opts: &GenOptions) -> Result<Next, TalkerError> {
         let h = self.talker.n_embd;
-        if prompt.n_embd != h || prompt.is_empty() || prompt.trailing.len() % h != 0 {
+        if prompt.n_embd != h || prompt.is_empty() || !prompt.trailing.len().is_multiple_of(h) {
             return Err(TalkerError::BadText {
                 expected: format!("prompt rows of width {h}"),
-                found: format!(
-                    "{} values of width {}",
-                    prompt.rows.len(),
-                    prompt.n_embd
-                ),
+                found: format!("{} values of width {}", prompt.rows.len(), prompt.n_embd),
             });
         }
         let n = prompt.len();

@@ -32,8 +32,8 @@
 //! test).
 
 pub mod bpe;
-pub mod split;
 mod pretokenize;
+pub mod split;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
