@@ -8,10 +8,13 @@
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod audio;
 pub mod code_predictor;
+pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod gguf;
+pub mod metrics;
 pub mod model;
 pub mod sampling;
 pub mod synth;

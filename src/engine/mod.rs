@@ -1,0 +1,1130 @@
+//! The pipelined engine: the talker, the code predictor and the decoder on three pinned threads,
+//! joined by bounded channels, writing to an [`AudioSink`].
+//!
+//! ```text
+//!  caller ──Job (cap 1)──▶ qtts-talker ──hidden, code0 (cap 1)──▶ qtts-cp
+//!                              ▲  ◀──────embedded frame (cap 1)───────┘ │
+//!                              │                                        │ codes (cap `codes_queue`,
+//!                              └──Begin / SegmentEnd / End──▶ qtts-decoder ◀┘  4 frames = 320 ms)
+//!                                                                │
+//!                                                     AudioSink::write (ring: `ring_ms`)
+//! ```
+//!
+//! The talker needs frame N's codes before it can start frame N+1, so the talker and the code
+//! predictor alternate; the decoder overlaps them: frame N decodes while frame N+1 is predicted.
+//!
+//! Contract:
+//! - [`Engine::load`] starts the three threads, each of which loads its stage, pins itself to the
+//!   first core of its [`StagePlan`] and creates one persistent ggml threadpool over the plan's
+//!   cores. Load errors come back from `load`; nothing runs until then.
+//! - One request at a time: [`Engine::synthesize`] takes `&mut self` and returns a [`Synthesis`],
+//!   whose [`Synthesis::wait`] gives the [`Summary`] and the sink back. [`Canceller::cancel`]
+//!   (from any thread) stops the request between frames: playback is flushed, every stage goes
+//!   idle, and the engine serves the next request.
+//! - Backpressure, not buffering: every channel is bounded; a sink that does not take audio stops
+//!   the decoder, which stops the code predictor, which stops the talker.
+//! - Determinism: the codes of a request depend only on the request (seed included), never on
+//!   thread timing; the decoder's chunking is fixed (1 frame, then `decoder_chunk` at a time), so
+//!   the samples are too. [`serial::run`] computes the same samples on one thread.
+//! - Dropping the engine stops and joins its threads.
+
+pub mod serial;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+
+use crate::audio::{AudioError, AudioSink, FRAME_SAMPLES};
+use crate::code_predictor::CodePredictor;
+use crate::error::ModelError;
+use crate::ffi::{GgmlError, Threadpool};
+use crate::gguf::GgufFile;
+use crate::metrics::{record, Metrics};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::synth::cp_seed;
+use crate::talker::{
+    GenOptions, Next, Prompt, Session, StopReason, Talker, TalkerError, TextInput, TextMode, Voice,
+};
+use crate::text::split::{normalize, split, Cut};
+use crate::vocoder::{Vocoder, VocoderError};
+
+/// The two GGUF files of a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelFiles {
+    /// The talker (`general.architecture = qwen3tts`).
+    pub talker: PathBuf,
+    /// The code predictor and decoder (`mmproj`).
+    pub mmproj: PathBuf,
+}
+
+/// Where one stage runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagePlan {
+    /// Cores: the stage's thread is pinned to the first, its ggml threadpool to all (empty: no
+    /// pinning).
+    pub cores: Vec<usize>,
+    /// ggml threads (the stage's own thread counts as one).
+    pub threads: usize,
+}
+
+/// Which stage runs on which cores with how many threads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadPlan {
+    /// The talker.
+    pub talker: StagePlan,
+    /// The code predictor.
+    pub cp: StagePlan,
+    /// The decoder.
+    pub decoder: StagePlan,
+}
+
+impl ThreadPlan {
+    /// The default plan for `n` cores. The talker and the code predictor alternate, so they share
+    /// the same cores without competing; the decoder gets the others. Never more ggml threads than
+    /// cores in a stage's set: ggml threads plus another busy thread on the same core collapse
+    /// throughput (10x, `../shared/origin`).
+    /// - 1 core: everything on core 0, 1 thread each.
+    /// - 2 cores: talker and CP on core 0, decoder on core 1, 1 thread each.
+    /// - n ≥ 3: talker and CP on the first ⌈n/2⌉ cores, the decoder on the rest.
+    pub fn for_cores(n: usize) -> Self {
+        let one = |c: usize| StagePlan {
+            cores: vec![c],
+            threads: 1,
+        };
+        match n {
+            0 | 1 => ThreadPlan {
+                talker: one(0),
+                cp: one(0),
+                decoder: one(0),
+            },
+            2 => ThreadPlan {
+                talker: one(0),
+                cp: one(0),
+                decoder: one(1),
+            },
+            n => {
+                let a = n.div_ceil(2);
+                let first = StagePlan {
+                    cores: (0..a).collect(),
+                    threads: a,
+                };
+                ThreadPlan {
+                    talker: first.clone(),
+                    cp: first,
+                    decoder: StagePlan {
+                        cores: (a..n).collect(),
+                        threads: n - a,
+                    },
+                }
+            }
+        }
+    }
+
+    /// [`ThreadPlan::for_cores`] of the cores this process may use.
+    pub fn detect() -> Self {
+        let n = core_affinity::get_core_ids()
+            .map(|c| c.len())
+            .filter(|&n| n > 0)
+            .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+            .unwrap_or(1);
+        Self::for_cores(n)
+    }
+}
+
+/// Engine settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Threads and cores.
+    pub plan: ThreadPlan,
+    /// Talker context in positions (prompt plus frames of one utterance): 2048.
+    pub n_ctx: usize,
+    /// f32 KV cache with flash attention off (matches the f32 reference; twice the KV memory).
+    pub exact: bool,
+    /// Frames queued between the code predictor and the decoder: 4 (320 ms of audio).
+    pub codes_queue: usize,
+    /// Frames per decoder call after the first frame of an utterance: 2.
+    pub decoder_chunk: usize,
+    /// Text tokens per utterance when splitting long text: [`crate::text::split::DEFAULT_MAX_TOKENS`].
+    pub segment_tokens: usize,
+    /// The code predictor's output heads on q8_0 rows (faster, not bit-exact).
+    pub q8_heads: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            plan: ThreadPlan::detect(),
+            n_ctx: 2048,
+            exact: false,
+            codes_queue: 4,
+            decoder_chunk: 2,
+            segment_tokens: crate::text::split::DEFAULT_MAX_TOKENS,
+            q8_heads: false,
+        }
+    }
+}
+
+/// One synthesis request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The text (split into utterances when long) or the token ids of one utterance.
+    pub input: TextInput,
+    /// Speaker, language, instruction, x-vector.
+    pub voice: Voice,
+    /// Streaming or non-streaming text.
+    pub mode: TextMode,
+    /// Codebook-0 sampling; `None`: the checkpoint's `generation_config.json`.
+    pub sampling: Option<SamplingParams>,
+    /// Codebooks 1..15 sampling; `None`: the checkpoint's `subtalker_*` settings.
+    pub cp_sampling: Option<SamplingParams>,
+    /// Repetition penalty over codebook 0; `None`: the checkpoint's.
+    pub repetition_penalty: Option<f32>,
+    /// Seed; utterance `i` of a split text uses `seed + i`.
+    pub seed: u64,
+    /// Frame cap per utterance; `None`: the runaway guard scaled to its text.
+    pub max_frames: Option<usize>,
+    /// Keep every frame's codes in the summary.
+    pub keep_codes: bool,
+}
+
+impl Request {
+    /// A request for `text` with the model's defaults.
+    pub fn text(text: impl Into<String>) -> Self {
+        Request {
+            input: TextInput::Text(text.into()),
+            voice: Voice::default(),
+            mode: TextMode::Streaming,
+            sampling: None,
+            cp_sampling: None,
+            repetition_penalty: None,
+            seed: 0,
+            max_frames: None,
+            keep_codes: false,
+        }
+    }
+
+    /// Greedy decoding of every codebook (reproduces the reference's greedy codes).
+    pub fn greedy(mut self) -> Self {
+        self.sampling = Some(SamplingParams::GREEDY);
+        self.cp_sampling = Some(SamplingParams::GREEDY);
+        self
+    }
+}
+
+/// A failure of a request or of the engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The request does not fit the model (see [`TalkerError`]).
+    #[error(transparent)]
+    Talker(#[from] TalkerError),
+    /// A model file is wrong.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The decoder failed.
+    #[error(transparent)]
+    Vocoder(#[from] VocoderError),
+    /// ggml failed.
+    #[error(transparent)]
+    Ggml(#[from] GgmlError),
+    /// The audio output failed.
+    #[error(transparent)]
+    Audio(#[from] AudioError),
+    /// A stage thread is gone (it panicked or could not start).
+    /// Drop the engine and load a new one; report the bug.
+    #[error("the {stage} thread stopped unexpectedly")]
+    StageGone {
+        /// Which stage.
+        stage: &'static str,
+    },
+    /// The text has nothing to speak.
+    /// Give text with at least one letter, digit or symbol.
+    #[error("the text is empty after clean-up; nothing to speak")]
+    EmptyText,
+}
+
+/// One utterance of a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SegmentReport {
+    /// Its text (the token ids' count for token input).
+    pub text: String,
+    /// Text tokens.
+    pub tokens: usize,
+    /// How the text was cut after it (`None` for token input).
+    pub cut: Option<Cut>,
+    /// Frames produced.
+    pub frames: usize,
+    /// Why it ended.
+    pub stop: StopReason,
+}
+
+/// The end of a request.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Frames produced.
+    pub frames: usize,
+    /// Samples written to the sink.
+    pub samples: usize,
+    /// The utterances, in order.
+    pub segments: Vec<SegmentReport>,
+    /// Why the request ended: that of its last utterance, or [`StopReason::Cancelled`].
+    pub stop: StopReason,
+    /// Request to the first sample written to the sink.
+    pub ttfa: Option<Duration>,
+    /// Request to the end of the sink's `end` (playback included for the ring).
+    pub elapsed: Duration,
+    /// Request to the last sample written (generation only).
+    pub generated: Duration,
+    /// Non-finite samples the decoder replaced by 0.
+    pub non_finite: u64,
+    /// Every frame's codes when asked.
+    pub codes: Vec<[u32; 16]>,
+    /// Per-stage latencies.
+    pub metrics: Metrics,
+}
+
+impl Summary {
+    /// Seconds of audio.
+    pub fn audio_seconds(&self) -> f64 {
+        self.samples as f64 / crate::audio::SAMPLE_RATE as f64
+    }
+
+    /// Real-time factor of generation: time to the last sample over the audio's duration.
+    pub fn rtf(&self) -> f64 {
+        self.generated.as_secs_f64() / self.audio_seconds().max(1e-9)
+    }
+}
+
+/// What the engine knows of its model, for messages and the CLI.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineInfo {
+    /// `base`, `custom_voice` or `voice_design`.
+    pub model_type: &'static str,
+    /// `0b6`, `1b7`, ...
+    pub size: String,
+    /// The speakers (CustomVoice).
+    pub speakers: Vec<String>,
+    /// The languages, `auto` first.
+    pub languages: Vec<String>,
+    /// Talker hidden size.
+    pub hidden: usize,
+}
+
+/// Cancels a request from any thread.
+#[derive(Debug, Clone)]
+pub struct Canceller(Arc<AtomicBool>);
+
+impl Canceller {
+    /// Stops the request between frames and flushes playback.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// A running request.
+#[derive(Debug)]
+pub struct Synthesis<'e> {
+    cancel: Arc<AtomicBool>,
+    progress: Arc<AtomicUsize>,
+    done: Receiver<Done>,
+    _engine: std::marker::PhantomData<&'e mut Engine>,
+}
+
+type Done = (Result<Summary, EngineError>, Box<dyn AudioSink>);
+
+impl Synthesis<'_> {
+    /// A handle that cancels this request.
+    pub fn canceller(&self) -> Canceller {
+        Canceller(self.cancel.clone())
+    }
+
+    /// Frames generated so far (codes produced; the decoder may be behind).
+    pub fn frames(&self) -> usize {
+        self.progress.load(Ordering::Acquire)
+    }
+
+    /// The request's end if it came (non-blocking).
+    pub fn try_wait(self) -> Result<(Result<Summary, EngineError>, Box<dyn AudioSink>), Self> {
+        match self.done.try_recv() {
+            Ok(d) => Ok(d),
+            Err(crossbeam_channel::TryRecvError::Empty) => Err(self),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => Ok((
+                Err(EngineError::StageGone { stage: "decoder" }),
+                Box::new(crate::audio::MemorySink::default()),
+            )),
+        }
+    }
+
+    /// Waits up to `timeout` for the end of the request.
+    pub fn wait_timeout(
+        self,
+        timeout: Duration,
+    ) -> Result<(Result<Summary, EngineError>, Box<dyn AudioSink>), Self> {
+        match self.done.recv_timeout(timeout) {
+            Ok(d) => Ok(d),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(self),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Ok((
+                Err(EngineError::StageGone { stage: "decoder" }),
+                Box::new(crate::audio::MemorySink::default()),
+            )),
+        }
+    }
+
+    /// Cancels this request.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Release);
+    }
+
+    /// Waits for the end of the request; returns its summary and the sink.
+    pub fn wait(self) -> (Result<Summary, EngineError>, Box<dyn AudioSink>) {
+        match self.done.recv() {
+            Ok(d) => d,
+            Err(_) => (
+                Err(EngineError::StageGone { stage: "decoder" }),
+                Box::new(crate::audio::MemorySink::default()),
+            ),
+        }
+    }
+}
+
+/// Recovers a sink's concrete type from what [`Synthesis::wait`] returns.
+pub fn downcast_sink<S: AudioSink>(sink: Box<dyn AudioSink>) -> Option<S> {
+    let any: Box<dyn std::any::Any> = sink;
+    any.downcast::<S>().ok().map(|b| *b)
+}
+
+struct Job {
+    req: Request,
+    cancel: Arc<AtomicBool>,
+    progress: Arc<AtomicUsize>,
+    sink: Box<dyn AudioSink>,
+    done: Sender<Done>,
+    started: Instant,
+}
+
+enum CpMsg {
+    Frame {
+        hidden: Vec<f32>,
+        embedded: Vec<f32>,
+        code0: u32,
+        /// Set on an utterance's first frame: (seed, sampling).
+        reseed: Option<(u64, SamplingParams)>,
+    },
+    /// Send back the metrics of this request.
+    Collect,
+}
+
+enum CpReply {
+    Frame {
+        hidden: Vec<f32>,
+        embedded: Vec<f32>,
+    },
+    Failed(EngineError, Vec<f32>, Vec<f32>),
+    Metrics(Box<Metrics>),
+}
+
+enum DecMsg {
+    Begin {
+        sink: Box<dyn AudioSink>,
+        cancel: Arc<AtomicBool>,
+        started: Instant,
+        keep_codes: bool,
+        done: Sender<Done>,
+    },
+    SegmentStart,
+    Frame([u32; 16]),
+    SegmentEnd,
+    End(Box<EndMsg>),
+}
+
+struct EndMsg {
+    result: Result<(), EngineError>,
+    segments: Vec<SegmentReport>,
+    metrics: Metrics,
+}
+
+/// The pipelined engine.
+#[derive(Debug)]
+pub struct Engine {
+    jobs: Option<Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+    info: EngineInfo,
+    config: EngineConfig,
+    generation: crate::model::config::GenerationConfig,
+}
+
+fn pin(plan: &StagePlan) -> Result<Threadpool, GgmlError> {
+    if let Some(&c) = plan.cores.first() {
+        // A failure to pin leaves the thread unpinned; it still runs.
+        let _ = core_affinity::set_for_current(core_affinity::CoreId { id: c });
+    }
+    Threadpool::new(plan.threads.max(1), &plan.cores)
+}
+
+/// One utterance, planned: its prompt, options and report.
+pub(crate) struct Utterance {
+    pub prompt: Prompt,
+    pub opts: GenOptions,
+    pub cp_sampling: SamplingParams,
+    pub report: SegmentReport,
+}
+
+/// Splits and builds a request's utterances (shared by the engine and [`serial::run`]).
+pub(crate) fn plan_request(
+    talker: &Talker,
+    req: &Request,
+    segment_tokens: usize,
+) -> Result<Vec<Utterance>, EngineError> {
+    let g = talker.generation_config();
+    let sampling = req.sampling.unwrap_or_else(|| SamplingParams::talker(g));
+    let cp_sampling = req
+        .cp_sampling
+        .unwrap_or_else(|| SamplingParams::code_predictor(g));
+    let penalty = req
+        .repetition_penalty
+        .unwrap_or(g.repetition_penalty as f32);
+    let pieces: Vec<(TextInput, String, Option<Cut>)> = match &req.input {
+        TextInput::TokenIds(ids) => vec![(
+            TextInput::TokenIds(ids.clone()),
+            format!("{} token ids", ids.len()),
+            None,
+        )],
+        TextInput::Text(t) => {
+            let clean = normalize(t);
+            let segs = split(&clean, talker.tokenizer(), segment_tokens);
+            if segs.is_empty() {
+                return Err(EngineError::EmptyText);
+            }
+            segs.into_iter()
+                .map(|s| {
+                    let text = clean[s.range].to_owned();
+                    (TextInput::Text(text.clone()), text, Some(s.cut))
+                })
+                .collect()
+        }
+    };
+    pieces
+        .into_iter()
+        .enumerate()
+        .map(|(i, (input, text, cut))| {
+            let prompt = talker.prompt(&input, &req.voice, req.mode)?;
+            Ok(Utterance {
+                opts: GenOptions {
+                    sampling,
+                    repetition_penalty: penalty,
+                    seed: req.seed.wrapping_add(i as u64),
+                    max_frames: req.max_frames,
+                },
+                cp_sampling,
+                report: SegmentReport {
+                    text,
+                    tokens: prompt.text_tokens,
+                    cut,
+                    frames: 0,
+                    stop: StopReason::Cancelled,
+                },
+                prompt,
+            })
+        })
+        .collect()
+}
+
+impl Engine {
+    /// Starts the engine on `files` (see the module docs).
+    pub fn load(files: &ModelFiles, config: EngineConfig) -> Result<Self, EngineError> {
+        let (job_tx, job_rx) = bounded::<Job>(1);
+        let (cp_tx, cp_rx) = bounded::<CpMsg>(1);
+        let (reply_tx, reply_rx) = bounded::<CpReply>(1);
+        let (dec_tx, dec_rx) = bounded::<DecMsg>(config.codes_queue.max(1));
+        let (ready_tx, ready_rx) = bounded::<Result<Option<StartInfo>, EngineError>>(3);
+        let mut threads = Vec::new();
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|_| EngineError::StageGone { stage: "spawn" })
+        };
+        {
+            let (files, cfg, ready) = (files.clone(), config.clone(), ready_tx.clone());
+            let dec_tx = dec_tx.clone();
+            threads.push(spawn(
+                "qtts-talker",
+                Box::new(move || talker_thread(files, cfg, ready, job_rx, cp_tx, reply_rx, dec_tx)),
+            )?);
+        }
+        {
+            let (files, cfg, ready) = (files.clone(), config.clone(), ready_tx.clone());
+            threads.push(spawn(
+                "qtts-cp",
+                Box::new(move || cp_thread(files, cfg, ready, cp_rx, reply_tx, dec_tx)),
+            )?);
+        }
+        {
+            let (files, cfg, ready) = (files.clone(), config.clone(), ready_tx);
+            threads.push(spawn(
+                "qtts-decoder",
+                Box::new(move || decoder_thread(files, cfg, ready, dec_rx)),
+            )?);
+        }
+        let mut info = None;
+        let mut first_err = None;
+        for _ in 0..3 {
+            match ready_rx.recv() {
+                Ok(Ok(Some(i))) => info = Some(i),
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(EngineError::StageGone { stage: "loader" });
+                }
+            }
+        }
+        let mut engine = Engine {
+            jobs: Some(job_tx),
+            threads,
+            info: EngineInfo {
+                model_type: "",
+                size: String::new(),
+                speakers: vec![],
+                languages: vec![],
+                hidden: 0,
+            },
+            config,
+            generation: crate::model::config::GenerationConfig {
+                do_sample: true,
+                temperature: 0.9,
+                top_k: 50,
+                top_p: 1.0,
+                repetition_penalty: 1.05,
+                subtalker_dosample: true,
+                subtalker_temperature: 0.9,
+                subtalker_top_k: 50,
+                subtalker_top_p: 1.0,
+                max_new_tokens: 8192,
+            },
+        };
+        if let Some(e) = first_err {
+            return Err(e); // Drop joins the threads.
+        }
+        if let Some(i) = info {
+            engine.info = i.info;
+            engine.generation = i.generation;
+        }
+        Ok(engine)
+    }
+
+    /// What the model offers.
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The checkpoint's sampling defaults.
+    pub fn generation_config(&self) -> &crate::model::config::GenerationConfig {
+        &self.generation
+    }
+
+    /// Starts a request writing to `sink`.
+    pub fn synthesize(&mut self, req: Request, sink: Box<dyn AudioSink>) -> Synthesis<'_> {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(AtomicUsize::new(0));
+        let (done_tx, done_rx) = bounded(1);
+        let job = Job {
+            req,
+            cancel: cancel.clone(),
+            progress: progress.clone(),
+            sink,
+            done: done_tx,
+            started: Instant::now(),
+        };
+        if let Some(Err(e)) = self.jobs.as_ref().map(|j| j.send(job)) {
+            // The talker is gone: answer the request here.
+            let job = e.into_inner();
+            let _ = job
+                .done
+                .send((Err(EngineError::StageGone { stage: "talker" }), job.sink));
+        }
+        Synthesis {
+            cancel,
+            progress,
+            done: done_rx,
+            _engine: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Closing the job channel stops the talker, whose channels' closing stops the others.
+        self.jobs.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+struct StartInfo {
+    info: EngineInfo,
+    generation: crate::model::config::GenerationConfig,
+}
+
+type Ready = Sender<Result<Option<StartInfo>, EngineError>>;
+
+fn talker_thread(
+    files: ModelFiles,
+    cfg: EngineConfig,
+    ready: Ready,
+    jobs: Receiver<Job>,
+    cp_tx: Sender<CpMsg>,
+    reply_rx: Receiver<CpReply>,
+    dec_tx: Sender<DecMsg>,
+) {
+    let setup = (|| -> Result<(Threadpool, Talker), EngineError> {
+        let pool = pin(&cfg.plan.talker)?;
+        let talker = Talker::load(&files.talker)?;
+        Ok((pool, talker))
+    })();
+    let (pool, talker) = match setup {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let mut session = match Session::new(
+        &talker,
+        cfg.n_ctx,
+        cfg.plan.talker.threads,
+        Some(&pool),
+        cfg.exact,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ready.send(Err(e.into()));
+            return;
+        }
+    };
+    let c = talker.config();
+    let _ = ready.send(Ok(Some(StartInfo {
+        info: EngineInfo {
+            model_type: c.tts_model_type.as_str(),
+            size: c.tts_model_size.clone(),
+            speakers: talker.speakers(),
+            languages: talker.languages(),
+            hidden: talker.n_embd(),
+        },
+        generation: talker.generation_config().clone(),
+    })));
+    drop(ready);
+    let h = talker.n_embd();
+    let mut bufs = Some((vec![0.0f32; h], vec![0.0f32; h]));
+    while let Ok(job) = jobs.recv() {
+        let Job {
+            req,
+            cancel,
+            progress,
+            sink,
+            done,
+            started,
+        } = job;
+        let keep_codes = req.keep_codes;
+        if dec_tx
+            .send(DecMsg::Begin {
+                sink,
+                cancel: cancel.clone(),
+                started,
+                keep_codes,
+                done,
+            })
+            .is_err()
+        {
+            return;
+        }
+        let mut metrics = Metrics::default();
+        let mut segments = Vec::new();
+        let result = run_job(
+            &mut session,
+            &req,
+            &cfg,
+            &cancel,
+            &progress,
+            &cp_tx,
+            &reply_rx,
+            &dec_tx,
+            &mut bufs,
+            &mut metrics,
+            &mut segments,
+        );
+        // Collect the code predictor's metrics of this request.
+        if cp_tx.send(CpMsg::Collect).is_ok() {
+            if let Ok(CpReply::Metrics(m)) = reply_rx.recv() {
+                metrics.merge(&m);
+            }
+        }
+        let end = EndMsg {
+            result,
+            segments,
+            metrics,
+        };
+        if dec_tx.send(DecMsg::End(Box::new(end))).is_err() {
+            return;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_job(
+    session: &mut Session<'_>,
+    req: &Request,
+    cfg: &EngineConfig,
+    cancel: &AtomicBool,
+    progress: &AtomicUsize,
+    cp_tx: &Sender<CpMsg>,
+    reply_rx: &Receiver<CpReply>,
+    dec_tx: &Sender<DecMsg>,
+    bufs: &mut Option<(Vec<f32>, Vec<f32>)>,
+    metrics: &mut Metrics,
+    segments: &mut Vec<SegmentReport>,
+) -> Result<(), EngineError> {
+    let gone = |stage| EngineError::StageGone { stage };
+    let utterances = plan_request(session.talker(), req, cfg.segment_tokens)?;
+    for u in utterances {
+        let mut report = u.report;
+        if cancel.load(Ordering::Acquire) {
+            report.stop = StopReason::Cancelled;
+            segments.push(report);
+            continue;
+        }
+        dec_tx
+            .send(DecMsg::SegmentStart)
+            .map_err(|_| gone("decoder"))?;
+        let t = Instant::now();
+        let mut next = session.start(&u.prompt, &u.opts);
+        record(&mut metrics.talker_prefill, t.elapsed());
+        let mut reseed = Some((cp_seed(u.opts.seed), u.cp_sampling));
+        let stop = loop {
+            let code0 = match next? {
+                Next::Code(c) => c,
+                Next::Stop(r) => break r,
+            };
+            if cancel.load(Ordering::Acquire) {
+                break session.cancel().into_reason();
+            }
+            let (mut hidden, embedded) = bufs.take().ok_or(gone("cp"))?;
+            hidden.copy_from_slice(session.hidden());
+            let t = Instant::now();
+            cp_tx
+                .send(CpMsg::Frame {
+                    hidden,
+                    embedded,
+                    code0,
+                    reseed: reseed.take(),
+                })
+                .map_err(|_| gone("cp"))?;
+            let (hidden, embedded) = match reply_rx.recv().map_err(|_| gone("cp"))? {
+                CpReply::Frame { hidden, embedded } => (hidden, embedded),
+                CpReply::Failed(e, hidden, embedded) => {
+                    *bufs = Some((hidden, embedded));
+                    return Err(e);
+                }
+                CpReply::Metrics(_) => return Err(gone("cp")),
+            };
+            record(&mut metrics.talker_wait, t.elapsed());
+            report.frames += 1;
+            progress.fetch_add(1, Ordering::AcqRel);
+            let t = Instant::now();
+            next = session.feed(&embedded);
+            record(&mut metrics.talker_step, t.elapsed());
+            *bufs = Some((hidden, embedded));
+        };
+        report.stop = stop;
+        segments.push(report);
+        dec_tx
+            .send(DecMsg::SegmentEnd)
+            .map_err(|_| gone("decoder"))?;
+    }
+    Ok(())
+}
+
+fn cp_thread(
+    files: ModelFiles,
+    cfg: EngineConfig,
+    ready: Ready,
+    rx: Receiver<CpMsg>,
+    reply: Sender<CpReply>,
+    dec_tx: Sender<DecMsg>,
+) {
+    let setup = (|| -> Result<(Threadpool, CodePredictor), EngineError> {
+        let pool = pin(&cfg.plan.cp)?;
+        let mut cp = CodePredictor::load(&GgufFile::open(&files.mmproj)?)?;
+        if cfg.q8_heads {
+            cp.use_q8_heads()?;
+        }
+        Ok((pool, cp))
+    })();
+    let (pool, mut cp) = match setup {
+        Ok(x) => {
+            let _ = ready.send(Ok(None));
+            x
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    drop(ready);
+    let mut metrics = Metrics::default();
+    let mut sampler = Sampler::new(0);
+    let mut params = SamplingParams::GREEDY;
+    while let Ok(msg) = rx.recv() {
+        match msg {
+            CpMsg::Collect => {
+                let m = std::mem::take(&mut metrics);
+                if reply.send(CpReply::Metrics(Box::new(m))).is_err() {
+                    return;
+                }
+            }
+            CpMsg::Frame {
+                hidden,
+                mut embedded,
+                code0,
+                reseed,
+            } => {
+                if let Some((seed, p)) = reseed {
+                    sampler = Sampler::new(seed);
+                    params = p;
+                }
+                let t = Instant::now();
+                let result = cp
+                    .frame(
+                        &pool,
+                        &hidden,
+                        code0,
+                        &mut |_, l| sampler.sample(l, &params),
+                        None,
+                    )
+                    .and_then(|rest| {
+                        let mut codes = [code0; 16];
+                        codes[1..].copy_from_slice(&rest);
+                        cp.embed_frame(&codes, &mut embedded)?;
+                        Ok(codes)
+                    });
+                record(&mut metrics.cp_frame, t.elapsed());
+                let codes = match result {
+                    Ok(c) => c,
+                    Err(e) => {
+                        if reply
+                            .send(CpReply::Failed(e.into(), hidden, embedded))
+                            .is_err()
+                        {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                let t = Instant::now();
+                if dec_tx.send(DecMsg::Frame(codes)).is_err() {
+                    return;
+                }
+                record(&mut metrics.cp_send_wait, t.elapsed());
+                if reply.send(CpReply::Frame { hidden, embedded }).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The decoder's state for one request.
+struct Active {
+    sink: Box<dyn AudioSink>,
+    cancel: Arc<AtomicBool>,
+    started: Instant,
+    keep_codes: bool,
+    done: Sender<Done>,
+    error: Option<EngineError>,
+    pending: Vec<[u32; 16]>,
+    chunk: usize,
+    summary: Summary,
+}
+
+fn decoder_thread(files: ModelFiles, cfg: EngineConfig, ready: Ready, rx: Receiver<DecMsg>) {
+    let setup = (|| -> Result<(Threadpool, Vocoder), EngineError> {
+        let pool = pin(&cfg.plan.decoder)?;
+        let mut voc = Vocoder::load(&GgufFile::open(&files.mmproj)?)?;
+        voc.set_max_chunk(cfg.decoder_chunk.max(1));
+        Ok((pool, voc))
+    })();
+    let (pool, mut voc) = match setup {
+        Ok(x) => {
+            let _ = ready.send(Ok(None));
+            x
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    drop(ready);
+    let chunk = cfg.decoder_chunk.max(1);
+    let mut pcm = vec![0.0f32; chunk * FRAME_SAMPLES];
+    let mut active: Option<Active> = None;
+    let mut metrics = Metrics::default();
+    loop {
+        let t = Instant::now();
+        let Ok(msg) = rx.recv() else { return };
+        let waited = t.elapsed();
+        match msg {
+            DecMsg::Begin {
+                mut sink,
+                cancel,
+                started,
+                keep_codes,
+                done,
+            } => {
+                let error = sink.begin().err().map(EngineError::from);
+                metrics = Metrics::default();
+                active = Some(Active {
+                    sink,
+                    cancel,
+                    started,
+                    keep_codes,
+                    done,
+                    error,
+                    pending: Vec::with_capacity(chunk),
+                    chunk: 1,
+                    summary: Summary {
+                        frames: 0,
+                        samples: 0,
+                        segments: Vec::new(),
+                        stop: StopReason::Cancelled,
+                        ttfa: None,
+                        elapsed: Duration::ZERO,
+                        generated: Duration::ZERO,
+                        non_finite: 0,
+                        codes: Vec::new(),
+                        metrics: Metrics::default(),
+                    },
+                });
+            }
+            DecMsg::SegmentStart => {
+                if let Some(a) = active.as_mut() {
+                    if let Err(e) = voc.reset() {
+                        a.error.get_or_insert(e.into());
+                    }
+                    a.pending.clear();
+                    a.chunk = 1;
+                }
+            }
+            DecMsg::Frame(codes) => {
+                if let Some(a) = active.as_mut() {
+                    record(&mut metrics.decoder_wait, waited);
+                    a.summary.frames += 1;
+                    if a.keep_codes {
+                        a.summary.codes.push(codes);
+                    }
+                    a.pending.push(codes);
+                    if a.pending.len() >= a.chunk {
+                        decode_pending(&mut voc, &pool, a, &mut pcm, &mut metrics);
+                        a.chunk = chunk;
+                    }
+                }
+            }
+            DecMsg::SegmentEnd => {
+                if let Some(a) = active.as_mut() {
+                    decode_pending(&mut voc, &pool, a, &mut pcm, &mut metrics);
+                }
+            }
+            DecMsg::End(end) => {
+                let Some(mut a) = active.take() else { continue };
+                a.summary.generated = a.started.elapsed();
+                let cancelled = a.cancel.load(Ordering::Acquire);
+                if let Err(e) = a.sink.end(&a.cancel) {
+                    if !cancelled {
+                        a.error.get_or_insert(e.into());
+                    }
+                }
+                let EndMsg {
+                    result,
+                    segments,
+                    metrics: mut m,
+                } = *end;
+                m.merge(&metrics);
+                let mut s = a.summary;
+                s.elapsed = a.started.elapsed();
+                s.non_finite = voc.non_finite();
+                s.stop = if cancelled {
+                    StopReason::Cancelled
+                } else {
+                    segments
+                        .last()
+                        .map(|r| r.stop)
+                        .unwrap_or(StopReason::Cancelled)
+                };
+                s.segments = segments;
+                s.metrics = m;
+                let result = match (result, a.error) {
+                    (Err(e), _) => Err(e),
+                    (Ok(()), Some(e)) => Err(e),
+                    (Ok(()), None) => Ok(s),
+                };
+                let _ = a.done.send((result, a.sink));
+            }
+        }
+    }
+}
+
+fn decode_pending(
+    voc: &mut Vocoder,
+    pool: &Threadpool,
+    a: &mut Active,
+    pcm: &mut [f32],
+    metrics: &mut Metrics,
+) {
+    if a.pending.is_empty() {
+        return;
+    }
+    if a.error.is_some() || a.cancel.load(Ordering::Acquire) {
+        a.pending.clear();
+        return;
+    }
+    let n = a.pending.len();
+    let t = Instant::now();
+    let out = &mut pcm[..n * FRAME_SAMPLES];
+    match voc.decode_frames(pool, &a.pending, out) {
+        Ok(d) => {
+            let per = t.elapsed() / n as u32;
+            for _ in 0..n {
+                record(&mut metrics.decoder_frame, per);
+            }
+            match a.sink.write(&out[..d.samples], &a.cancel) {
+                Ok(()) => {
+                    if a.summary.ttfa.is_none() {
+                        a.summary.ttfa = Some(a.started.elapsed());
+                    }
+                    a.summary.samples += d.samples;
+                    if let Some(q) = a.sink.queued_ms() {
+                        let _ = metrics.ring_fill.record((q.round() as u64).max(1));
+                    }
+                }
+                Err(AudioError::Cancelled) => {}
+                Err(e) => {
+                    a.error.get_or_insert(e.into());
+                }
+            }
+        }
+        Err(e) => {
+            a.error.get_or_insert(e.into());
+        }
+    }
+    a.pending.clear();
+}

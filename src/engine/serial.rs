@@ -1,0 +1,148 @@
+//! The same stages run one after the other on the calling thread: the reference the pipelined
+//! engine's output is tested against (bit for bit) and the baseline it is benchmarked against.
+
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use super::{plan_request, EngineConfig, EngineError, ModelFiles, Request, Summary};
+use crate::audio::{AudioSink, FRAME_SAMPLES};
+use crate::code_predictor::CodePredictor;
+use crate::ffi::Threadpool;
+use crate::gguf::GgufFile;
+use crate::metrics::{record, Metrics};
+use crate::synth::{generate_codes, Flow};
+use crate::talker::{Session, StopReason, Talker};
+use crate::vocoder::Vocoder;
+
+/// The three stages on one thread.
+#[derive(Debug)]
+pub struct Serial {
+    talker: Talker,
+    cp: CodePredictor,
+    voc: Vocoder,
+    pool: Threadpool,
+    config: EngineConfig,
+}
+
+impl Serial {
+    /// Loads the stages; ggml runs on `threads` threads (no pinning).
+    pub fn load(
+        files: &ModelFiles,
+        config: EngineConfig,
+        threads: usize,
+    ) -> Result<Self, EngineError> {
+        let mmproj = GgufFile::open(&files.mmproj)?;
+        let mut cp = CodePredictor::load(&mmproj)?;
+        if config.q8_heads {
+            cp.use_q8_heads()?;
+        }
+        let mut voc = Vocoder::load(&mmproj)?;
+        voc.set_max_chunk(config.decoder_chunk.max(1));
+        Ok(Serial {
+            talker: Talker::load(&files.talker)?,
+            cp,
+            voc,
+            pool: Threadpool::new(threads.max(1), &[])?,
+            config,
+        })
+    }
+
+    /// Runs `req` to the end, writing to `sink`, with the engine's decoder chunking (1 frame, then
+    /// `decoder_chunk` at a time, per utterance).
+    pub fn run(&mut self, req: &Request, sink: &mut dyn AudioSink) -> Result<Summary, EngineError> {
+        let cfg = &self.config;
+        let mut session = Session::new(
+            &self.talker,
+            cfg.n_ctx,
+            self.pool.n_threads(),
+            None,
+            cfg.exact,
+        )?;
+        let started = Instant::now();
+        let never = AtomicBool::new(false);
+        let utterances = plan_request(&self.talker, req, cfg.segment_tokens)?;
+        let mut metrics = Metrics::default();
+        let mut summary = Summary {
+            frames: 0,
+            samples: 0,
+            segments: Vec::new(),
+            stop: StopReason::Cancelled,
+            ttfa: None,
+            elapsed: Duration::ZERO,
+            generated: Duration::ZERO,
+            non_finite: 0,
+            codes: Vec::new(),
+            metrics: Metrics::default(),
+        };
+        let chunk = cfg.decoder_chunk.max(1);
+        let mut pcm = vec![0.0; chunk * FRAME_SAMPLES];
+        let mut non_finite = 0;
+        sink.begin()?;
+        for u in utterances {
+            self.voc.reset()?;
+            let mut pending: Vec<[u32; 16]> = Vec::with_capacity(chunk);
+            let mut target = 1;
+            let mut failed = None;
+            let (voc, pool) = (&mut self.voc, &self.pool);
+            let mut flush = |pending: &mut Vec<[u32; 16]>,
+                             summary: &mut Summary,
+                             metrics: &mut Metrics|
+             -> Result<(), EngineError> {
+                if pending.is_empty() {
+                    return Ok(());
+                }
+                let t = Instant::now();
+                let out = &mut pcm[..pending.len() * FRAME_SAMPLES];
+                let d = voc.decode_frames(pool, pending, out)?;
+                let per = t.elapsed() / pending.len() as u32;
+                for _ in 0..pending.len() {
+                    record(&mut metrics.decoder_frame, per);
+                }
+                sink.write(&out[..d.samples], &never)?;
+                summary.ttfa.get_or_insert_with(|| started.elapsed());
+                summary.samples += d.samples;
+                pending.clear();
+                Ok(())
+            };
+            let mut report = u.report;
+            let stop = generate_codes(
+                &mut session,
+                &mut self.cp,
+                pool,
+                &u.prompt,
+                &u.opts,
+                &u.cp_sampling,
+                &mut |codes| {
+                    summary.frames += 1;
+                    report.frames += 1;
+                    if req.keep_codes {
+                        summary.codes.push(*codes);
+                    }
+                    pending.push(*codes);
+                    if pending.len() >= target {
+                        target = chunk;
+                        if let Err(e) = flush(&mut pending, &mut summary, &mut metrics) {
+                            failed = Some(e);
+                            return Flow::Stop;
+                        }
+                    }
+                    Flow::Continue
+                },
+            )?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            flush(&mut pending, &mut summary, &mut metrics)?;
+            non_finite += voc.non_finite();
+            report.stop = stop;
+            summary.stop = stop;
+            summary.segments.push(report);
+        }
+        summary.generated = started.elapsed();
+        sink.end(&never)?;
+        summary.elapsed = started.elapsed();
+        summary.non_finite = non_finite;
+        summary.metrics = metrics;
+        Ok(summary)
+    }
+}

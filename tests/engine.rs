@@ -1,0 +1,266 @@
+//! The pipelined engine end to end on the tiny fixtures: the oracle's greedy codes and waveforms
+//! through the threads, bit-equality with the serial run, determinism, cancellation and
+//! backpressure.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::max_abs;
+use qtts::audio::{AudioError, AudioSink, MemorySink};
+use qtts::engine::serial::Serial;
+use qtts::engine::{downcast_sink, Engine, EngineConfig, ModelFiles, Request, ThreadPlan};
+use qtts::model::convert::OutType;
+use qtts::talker::{StopReason, TextInput, TextMode, Voice};
+
+/// The tests of this file count the process's threads: they run one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial_guard() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn files(out: &qtts::model::convert::Converted) -> ModelFiles {
+    ModelFiles {
+        talker: out.talker.clone(),
+        mmproj: out.mmproj.clone(),
+    }
+}
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        plan: ThreadPlan::for_cores(2),
+        exact: true,
+        n_ctx: 256,
+        ..EngineConfig::default()
+    }
+}
+
+fn vivian() -> Voice {
+    Voice {
+        speaker: Some("vivian".into()),
+        language: Some("english".into()),
+        ..Voice::default()
+    }
+}
+
+fn run(engine: &mut Engine, req: Request) -> (qtts::engine::Summary, Vec<f32>) {
+    let (summary, sink) = engine
+        .synthesize(req, Box::new(MemorySink::default()))
+        .wait();
+    let sink: MemorySink = downcast_sink(sink).unwrap();
+    (summary.unwrap(), sink.samples)
+}
+
+#[test]
+fn pipeline_reproduces_the_oracle_and_the_serial_run() {
+    let _guard = serial_guard();
+    for name in ["tiny", "tiny17"] {
+        let (_tmp, out) = common::convert_tiny(name, OutType::F32);
+        let mut engine = Engine::load(&files(&out), config()).unwrap();
+        let mut serial = Serial::load(&files(&out), config(), 1).unwrap();
+        for (run_name, mode) in [
+            ("generate_stream", TextMode::Streaming),
+            ("generate_nonstream", TextMode::NonStreaming),
+        ] {
+            let o = common::oracle(
+                &common::fixture(name).join(format!("oracle/{run_name}.safetensors")),
+            );
+            let ids: Vec<u32> = o["input_ids"].iter().map(|&x| x as u32).collect();
+            let frames = o["codes"].len() / 16;
+            let mut req = Request::text("").greedy();
+            req.input = TextInput::TokenIds(ids);
+            req.voice = vivian();
+            req.mode = mode;
+            req.repetition_penalty = Some(1.05);
+            req.max_frames = Some(frames);
+            req.keep_codes = true;
+            let (s, wav) = run(&mut engine, req.clone());
+            let codes: Vec<f32> = s.codes.iter().flatten().map(|&c| c as f32).collect();
+            assert_eq!(codes, o["codes"], "{name} {run_name}");
+            assert_eq!(s.stop, StopReason::FrameCap { frames });
+            assert_eq!(s.samples, frames * 1920);
+            let e = max_abs(&wav, &o["wav"]);
+            eprintln!("{name} {run_name}: wav {e:e}, ttfa {:?}", s.ttfa);
+            assert!(e < 1e-4, "{name} {run_name}: wav off by {e}");
+
+            // The serial run gives the same samples, bit for bit.
+            let mut mem = MemorySink::default();
+            let ss = serial.run(&req, &mut mem).unwrap();
+            assert_eq!(ss.codes, s.codes);
+            assert!(mem.samples == wav, "{name} {run_name}: serial differs");
+        }
+    }
+}
+
+/// Sampled runs: the same seed gives the same samples, another seed other samples; long text is
+/// split and every piece synthesized, with its report.
+#[test]
+fn sampled_runs_are_reproducible_and_long_text_is_split() {
+    let _guard = serial_guard();
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let mut engine = Engine::load(&files(&out), config()).unwrap();
+    let mut req = Request::text("Hello there, general.");
+    req.voice = vivian();
+    req.max_frames = Some(9);
+    req.seed = 5;
+    let (a, wa) = run(&mut engine, req.clone());
+    let (_, wb) = run(&mut engine, req.clone());
+    req.seed = 6;
+    let (_, wc) = run(&mut engine, req.clone());
+    assert!(wa == wb);
+    assert!(wa != wc);
+    assert_eq!(a.frames * 1920, wa.len());
+
+    // 5,000 characters: the tiny tokenizer is byte-level, so 150-token segments are 150 bytes.
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(112);
+    let mut req = Request::text(&text[..5000]);
+    req.voice = vivian();
+    req.max_frames = Some(2);
+    let (s, wav) = run(&mut engine, req);
+    let n = s.segments.len();
+    assert!(n >= 5000 / 150, "{n} segments");
+    assert!(s.segments.iter().all(|r| r.tokens <= 150 && r.frames == 2));
+    assert!(s.segments[..n - 1]
+        .iter()
+        .all(|r| r.cut == Some(qtts::text::split::Cut::Sentence)));
+    let joined: String = s.segments.iter().map(|r| r.text.as_str()).collect::<Vec<_>>().join(" ");
+    assert_eq!(joined, qtts::text::split::normalize(&text[..5000]));
+    assert_eq!(wav.len(), n * 2 * 1920);
+    assert_eq!(s.frames, n * 2);
+}
+
+/// A sink that blocks while paused, like a device that stopped pulling.
+struct Pausable {
+    paused: Arc<AtomicBool>,
+    samples: usize,
+}
+
+impl AudioSink for Pausable {
+    fn write(&mut self, pcm: &[f32], cancel: &AtomicBool) -> Result<(), AudioError> {
+        while self.paused.load(Ordering::Acquire) {
+            if cancel.load(Ordering::Acquire) {
+                return Err(AudioError::Cancelled);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.samples += pcm.len();
+        Ok(())
+    }
+}
+
+#[test]
+fn a_paused_sink_stops_the_producers() {
+    let _guard = serial_guard();
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let cfg = config();
+    let queue = cfg.codes_queue;
+    let mut engine = Engine::load(&files(&out), cfg).unwrap();
+    let paused = Arc::new(AtomicBool::new(true));
+    let mut req = Request::text("A sentence long enough for many frames.");
+    req.max_frames = Some(100);
+    let sink = Pausable {
+        paused: paused.clone(),
+        samples: 0,
+    };
+    let s = engine.synthesize(req, Box::new(sink));
+    std::thread::sleep(Duration::from_millis(800));
+    // One frame in the blocked write, the queue full, one in the code predictor's send, one
+    // waiting in the talker: nothing more.
+    let made = s.frames();
+    assert!(made <= 1 + queue + 2, "{made} frames made while paused");
+    paused.store(false, Ordering::Release);
+    let (summary, sink) = s.wait();
+    let summary = summary.unwrap();
+    assert_eq!(summary.frames, 100);
+    let sink: Pausable = downcast_sink(sink).unwrap();
+    assert_eq!(sink.samples, 100 * 1920);
+}
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn cancels_at_random_points_leave_nothing_behind() {
+    let _guard = serial_guard();
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let mut engine = Engine::load(&files(&out), config()).unwrap();
+    let mut req = Request::text("Cancel me at any point, please.");
+    req.voice = vivian();
+    req.max_frames = Some(40);
+    req.seed = 3;
+    let (reference, ref_wav) = run(&mut engine, req.clone());
+    let before = threads();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut stops = Vec::new();
+    for i in 0..200 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let delay = Duration::from_micros(state % 30_000);
+        let s = engine.synthesize(req.clone(), Box::new(MemorySink::default()));
+        std::thread::sleep(delay);
+        let t = Instant::now();
+        s.cancel();
+        let (summary, _) = s.wait();
+        stops.push(t.elapsed());
+        let summary = summary.unwrap_or_else(|e| panic!("cancel {i}: {e}"));
+        assert!(summary.frames <= 40);
+        // A request that finished before the cancel ends normally.
+        if summary.frames < 40 {
+            assert_eq!(summary.stop, StopReason::Cancelled);
+        }
+    }
+    stops.sort();
+    let (p50, max) = (stops[100], stops[199]);
+    eprintln!("cancel to idle: p50 {p50:?}, max {max:?}");
+    assert!(p50 < Duration::from_millis(100), "p50 {p50:?}");
+    assert_eq!(threads(), before, "threads leaked");
+    // The next request is unaffected.
+    let (again, wav) = run(&mut engine, req);
+    assert_eq!(again.frames, reference.frames);
+    assert!(wav == ref_wav);
+}
+
+#[test]
+fn dropping_the_engine_joins_its_threads_and_errors_are_typed() {
+    let _guard = serial_guard();
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let before = threads();
+    {
+        let mut engine = Engine::load(&files(&out), config()).unwrap();
+        assert_eq!(threads(), before + 3);
+        let mut req = Request::text("hi");
+        req.voice.speaker = Some("nobody".into());
+        let (r, _) = engine
+            .synthesize(req, Box::new(MemorySink::default()))
+            .wait();
+        assert!(matches!(
+            r,
+            Err(qtts::engine::EngineError::Talker(
+                qtts::talker::TalkerError::UnknownSpeaker { .. }
+            ))
+        ));
+        let (r, _) = engine
+            .synthesize(Request::text(" \n "), Box::new(MemorySink::default()))
+            .wait();
+        assert!(matches!(r, Err(qtts::engine::EngineError::EmptyText)));
+        // Still serving.
+        let mut req = Request::text("ok");
+        req.max_frames = Some(3);
+        assert_eq!(run(&mut engine, req).0.frames, 3);
+    }
+    assert_eq!(threads(), before);
+    // Missing files fail at load, with the path.
+    let bad = ModelFiles {
+        talker: out.talker.with_extension("missing"),
+        mmproj: out.mmproj.clone(),
+    };
+    let e = Engine::load(&bad, config()).unwrap_err();
+    assert!(e.to_string().contains("missing"), "{e}");
+    assert_eq!(threads(), before);
+    let _ = AtomicUsize::new(0);
+}
