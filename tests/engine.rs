@@ -126,7 +126,12 @@ fn sampled_runs_are_reproducible_and_long_text_is_split() {
     assert!(s.segments[..n - 1]
         .iter()
         .all(|r| r.cut == Some(qtts::text::split::Cut::Sentence)));
-    let joined: String = s.segments.iter().map(|r| r.text.as_str()).collect::<Vec<_>>().join(" ");
+    let joined: String = s
+        .segments
+        .iter()
+        .map(|r| r.text.as_str())
+        .collect::<Vec<_>>()
+        .join(" ");
     assert_eq!(joined, qtts::text::split::normalize(&text[..5000]));
     assert_eq!(wav.len(), n * 2 * 1920);
     assert_eq!(s.frames, n * 2);
@@ -180,7 +185,9 @@ fn a_paused_sink_stops_the_producers() {
 }
 
 fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 #[test]

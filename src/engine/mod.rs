@@ -334,7 +334,9 @@ pub struct Synthesis<'e> {
     _engine: std::marker::PhantomData<&'e mut Engine>,
 }
 
-type Done = (Result<Summary, EngineError>, Box<dyn AudioSink>);
+/// A request's end: its summary (or error) and the sink it wrote to.
+pub type Finished = (Result<Summary, EngineError>, Box<dyn AudioSink>);
+type Done = Finished;
 
 impl Synthesis<'_> {
     /// A handle that cancels this request.
@@ -348,7 +350,7 @@ impl Synthesis<'_> {
     }
 
     /// The request's end if it came (non-blocking).
-    pub fn try_wait(self) -> Result<(Result<Summary, EngineError>, Box<dyn AudioSink>), Self> {
+    pub fn try_wait(self) -> Result<Finished, Self> {
         match self.done.try_recv() {
             Ok(d) => Ok(d),
             Err(crossbeam_channel::TryRecvError::Empty) => Err(self),
@@ -360,10 +362,7 @@ impl Synthesis<'_> {
     }
 
     /// Waits up to `timeout` for the end of the request.
-    pub fn wait_timeout(
-        self,
-        timeout: Duration,
-    ) -> Result<(Result<Summary, EngineError>, Box<dyn AudioSink>), Self> {
+    pub fn wait_timeout(self, timeout: Duration) -> Result<Finished, Self> {
         match self.done.recv_timeout(timeout) {
             Ok(d) => Ok(d),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(self),
@@ -380,7 +379,7 @@ impl Synthesis<'_> {
     }
 
     /// Waits for the end of the request; returns its summary and the sink.
-    pub fn wait(self) -> (Result<Summary, EngineError>, Box<dyn AudioSink>) {
+    pub fn wait(self) -> Finished {
         match self.done.recv() {
             Ok(d) => d,
             Err(_) => (
@@ -450,7 +449,7 @@ struct EndMsg {
 /// The pipelined engine.
 #[derive(Debug)]
 pub struct Engine {
-    jobs: Option<Sender<Job>>,
+    jobs: Option<Sender<Box<Job>>>,
     threads: Vec<JoinHandle<()>>,
     info: EngineInfo,
     config: EngineConfig,
@@ -536,7 +535,7 @@ pub(crate) fn plan_request(
 impl Engine {
     /// Starts the engine on `files` (see the module docs).
     pub fn load(files: &ModelFiles, config: EngineConfig) -> Result<Self, EngineError> {
-        let (job_tx, job_rx) = bounded::<Job>(1);
+        let (job_tx, job_rx) = bounded::<Box<Job>>(1);
         let (cp_tx, cp_rx) = bounded::<CpMsg>(1);
         let (reply_tx, reply_rx) = bounded::<CpReply>(1);
         let (dec_tx, dec_rx) = bounded::<DecMsg>(config.codes_queue.max(1));
@@ -638,14 +637,14 @@ impl Engine {
         let cancel = Arc::new(AtomicBool::new(false));
         let progress = Arc::new(AtomicUsize::new(0));
         let (done_tx, done_rx) = bounded(1);
-        let job = Job {
+        let job = Box::new(Job {
             req,
             cancel: cancel.clone(),
             progress: progress.clone(),
             sink,
             done: done_tx,
             started: Instant::now(),
-        };
+        });
         if let Some(Err(e)) = self.jobs.as_ref().map(|j| j.send(job)) {
             // The talker is gone: answer the request here.
             let job = e.into_inner();
@@ -683,7 +682,7 @@ fn talker_thread(
     files: ModelFiles,
     cfg: EngineConfig,
     ready: Ready,
-    jobs: Receiver<Job>,
+    jobs: Receiver<Box<Job>>,
     cp_tx: Sender<CpMsg>,
     reply_rx: Receiver<CpReply>,
     dec_tx: Sender<DecMsg>,
@@ -735,7 +734,7 @@ fn talker_thread(
             sink,
             done,
             started,
-        } = job;
+        } = *job;
         let keep_codes = req.keep_codes;
         if dec_tx
             .send(DecMsg::Begin {

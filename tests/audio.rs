@@ -1,0 +1,125 @@
+//! The ring between the decoder and the device: what the player plays, underruns, prebuffering,
+//! flushing, and that the device side never allocates.
+
+use std::sync::atomic::AtomicBool;
+
+use assert_no_alloc::{assert_no_alloc, reset_violation_count, violation_count, AllocDisabler};
+use qtts::audio::{ring, AudioSink, FRAME_SAMPLES};
+
+#[global_allocator]
+static ALLOC: AllocDisabler = AllocDisabler;
+
+const PERIOD: usize = 480; // 20 ms
+
+fn frame(k: usize) -> Vec<f32> {
+    (0..FRAME_SAMPLES)
+        .map(|i| ((k * FRAME_SAMPLES + i) % 1000) as f32 * 1e-3 + 1e-3)
+        .collect()
+}
+
+/// A decoder stall of exactly K periods after playback started gives exactly K underruns, each
+/// a silent period, at the periods it hit; nothing is lost: the audio resumes where it stopped.
+#[test]
+fn a_stall_of_k_periods_is_k_underruns_of_silence() {
+    let never = AtomicBool::new(false);
+    // The detector works: an allocation inside is counted.
+    reset_violation_count();
+    assert_no_alloc(|| drop(std::hint::black_box(vec![1u8; 16])));
+    assert!(violation_count() > 0);
+    for k in [1usize, 3, 7] {
+        reset_violation_count();
+        let (mut sink, mut player) = ring(500.0, 0.0);
+        let shared = sink.shared();
+        sink.begin().unwrap();
+        let mut played = Vec::new();
+        let mut buf = vec![0.0; PERIOD];
+        // Two frames in, 8 periods played (the first 2 frames exactly), then K empty periods,
+        // then the rest.
+        sink.write(&frame(0), &never).unwrap();
+        sink.write(&frame(1), &never).unwrap();
+        for _ in 0..8 {
+            assert_no_alloc(|| player.fill(&mut buf));
+            played.extend_from_slice(&buf);
+        }
+        for _ in 0..k {
+            assert_no_alloc(|| player.fill(&mut buf));
+            assert!(buf.iter().all(|&x| x == 0.0));
+        }
+        sink.write(&frame(2), &never).unwrap();
+        for _ in 0..4 {
+            assert_no_alloc(|| player.fill(&mut buf));
+            played.extend_from_slice(&buf);
+        }
+        assert_eq!(violation_count(), 0, "the player allocated");
+        assert_eq!(shared.underruns(), k as u64);
+        assert_eq!(
+            shared.underrun_periods(),
+            (8..8 + k as u64).collect::<Vec<_>>()
+        );
+        let want: Vec<f32> = (0..3).flat_map(frame).collect();
+        assert!(played == want, "k={k}: audio changed across the stall");
+        // The end is not an underrun: the tail plays, then silence.
+        let mut end_cancel = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..10 {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    player.fill(&mut buf);
+                }
+            });
+            sink.end(&end_cancel).unwrap();
+        });
+        assert_eq!(shared.underruns(), k as u64);
+        assert!(shared.is_idle());
+        let _ = end_cancel.get_mut();
+    }
+}
+
+#[test]
+fn playback_waits_for_the_prebuffer() {
+    let never = AtomicBool::new(false);
+    let (mut sink, mut player) = ring(1000.0, 200.0); // 4800 samples
+    let shared = sink.shared();
+    let mut buf = vec![0.0; PERIOD];
+    sink.begin().unwrap();
+    sink.write(&frame(0), &never).unwrap();
+    sink.write(&frame(1), &never).unwrap(); // 3840 < 4800
+    for _ in 0..5 {
+        player.fill(&mut buf);
+        assert!(buf.iter().all(|&x| x == 0.0));
+    }
+    assert_eq!(shared.underruns(), 0, "waiting to prebuffer is no underrun");
+    assert_eq!(shared.played(), 0);
+    sink.write(&frame(2), &never).unwrap();
+    player.fill(&mut buf);
+    assert_eq!(&buf[..], &frame(0)[..PERIOD]);
+}
+
+#[test]
+fn cancel_flushes_within_one_period() {
+    let (mut sink, mut player) = ring(1000.0, 0.0);
+    let mut buf = vec![0.0; PERIOD];
+    let cancel = AtomicBool::new(false);
+    sink.begin().unwrap();
+    for k in 0..5 {
+        sink.write(&frame(k), &cancel).unwrap();
+    }
+    player.fill(&mut buf);
+    assert!(buf.iter().any(|&x| x != 0.0));
+    cancel.store(true, std::sync::atomic::Ordering::Release);
+    sink.end(&cancel).unwrap();
+    player.fill(&mut buf);
+    assert!(
+        buf.iter().all(|&x| x == 0.0),
+        "still playing after the flush"
+    );
+    assert!(sink.shared().is_idle());
+    assert_eq!(sink.queued_ms(), Some(0.0));
+    // A full ring: write returns once cancelled instead of blocking.
+    sink.begin().unwrap();
+    let big = vec![0.5; 48_000];
+    assert!(matches!(
+        sink.write(&big, &cancel),
+        Err(qtts::audio::AudioError::Cancelled)
+    ));
+}
