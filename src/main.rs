@@ -1,4 +1,5 @@
-//! The `qtts` command line: model conversion, random checkpoints and validation.
+//! The `qtts` command line: speaking and synthesizing, model conversion, random checkpoints and
+//! validation.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -18,6 +19,31 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Speak text live through the default audio device.
+    Speak {
+        #[command(flatten)]
+        args: SpeakArgs,
+        /// Audio queued before playback starts, in ms (against the onset underrun).
+        #[arg(long, default_value_t = 300.0)]
+        prebuffer_ms: f64,
+        /// Capacity of the ring between the decoder and the device, in ms.
+        #[arg(long, default_value_t = 2000.0)]
+        ring_ms: f64,
+        /// Write a WAV file instead of playing (as `synth --out`), e.g. without a sound card.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Synthesize text into a WAV file (24 kHz mono).
+    Synth {
+        #[command(flatten)]
+        args: SpeakArgs,
+        /// The WAV file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Sample format of the file.
+        #[arg(long, value_enum, default_value = "f32")]
+        sample_format: SampleFormatArg,
+    },
     /// Convert an official Hugging Face checkpoint directory into the GGUF pair
     /// (talker-<type>.gguf and mmproj-<type>.gguf, llama.cpp's Qwen3-TTS layout).
     Convert {
@@ -59,6 +85,326 @@ enum Command {
     },
 }
 
+/// Options shared by `speak` and `synth`.
+#[derive(clap::Args, Debug)]
+struct SpeakArgs {
+    /// The text; `-` reads standard input line by line (one request per line: pipe an LLM in).
+    text: Option<String>,
+    /// A model: a directory with talker-<type>.gguf and mmproj-<type>.gguf, a talker GGUF, or an
+    /// official Hugging Face checkpoint directory (converted once into the cache). Default: the
+    /// best model under models/, else the built-in test model (noise, not speech).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The token ids of the whole `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n`
+    /// string, comma- or space-separated, instead of text.
+    #[arg(long)]
+    token_ids: Option<String>,
+    /// Speaker (CustomVoice models; default: vivian, or the model's first).
+    #[arg(long)]
+    speaker: Option<String>,
+    /// Language, or auto.
+    #[arg(long)]
+    language: Option<String>,
+    /// Voice instruction (VoiceDesign and 1.7B CustomVoice models).
+    #[arg(long)]
+    instruct: Option<String>,
+    /// Speaker x-vector for Base models: a file of little-endian f32 values (hidden size).
+    #[arg(long)]
+    xvector: Option<PathBuf>,
+    /// How the text enters the prompt.
+    #[arg(long, value_enum, default_value = "streaming")]
+    text_mode: TextModeArg,
+    /// Greedy decoding (reproducible without a seed, and what the reference's tests use).
+    #[arg(long)]
+    greedy: bool,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Frame cap per utterance (80 ms each); default: scaled to the text.
+    #[arg(long)]
+    max_frames: Option<usize>,
+    /// Write every frame's 16 codes as JSON (`[[c0, .., c15], ...]`).
+    #[arg(long)]
+    codes_out: Option<PathBuf>,
+    /// Print the per-stage latency table at the end.
+    #[arg(long)]
+    stats: bool,
+    /// Save the latency histograms in HdrHistogram's interval-log format.
+    #[arg(long)]
+    stats_log: Option<PathBuf>,
+    /// Draw the latency distributions as an SVG file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Plan threads for this many cores (default: the machine's).
+    #[arg(long)]
+    cores: Option<usize>,
+    /// f32 KV cache, flash attention off: matches the float32 reference (slower).
+    #[arg(long)]
+    exact: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum TextModeArg {
+    Streaming,
+    NonStreaming,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum SampleFormatArg {
+    F32,
+    S16,
+}
+
+/// Finds the model to use and says which.
+fn pick_model(arg: Option<&std::path::Path>) -> anyhow::Result<qtts::model::find::FoundModel> {
+    use qtts::model::find;
+    let cache = find::cache_dir();
+    let m = match arg {
+        Some(p) => find::resolve(p, &cache, &mut progress_printer("convert"))
+            .with_context(|| format!("model {}", p.display()))?,
+        None => match find::scan(std::path::Path::new("models"))
+            .into_iter()
+            .next()
+        {
+            Some(m) => m,
+            None => {
+                eprintln!(
+                    "qtts: no model under models/ and none given (--model): using the built-in tiny \
+                     random-weight model. It runs every stage, but its audio is noise, not speech. \
+                     For speech: models/download.sh Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+                );
+                find::builtin(&cache).context("making the built-in model")?
+            }
+        },
+    };
+    eprintln!(
+        "qtts: model {} ({})",
+        m.description,
+        m.files.talker.display()
+    );
+    Ok(m)
+}
+
+fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
+    s.split(|c: char| c == ',' || c.is_whitespace() || c == '[' || c == ']')
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .with_context(|| format!("--token-ids: '{t}' is not a token id"))
+        })
+        .collect()
+}
+
+/// The requests of a run: one, or one per stdin line.
+fn requests(
+    args: &SpeakArgs,
+    info: &qtts::engine::EngineInfo,
+) -> anyhow::Result<Box<dyn Iterator<Item = anyhow::Result<qtts::engine::Request>>>> {
+    use qtts::engine::Request;
+    use qtts::talker::{TextInput, TextMode, Voice};
+    let xvector = match &args.xvector {
+        Some(p) => {
+            let bytes = std::fs::read(p).with_context(|| format!("--xvector {}", p.display()))?;
+            anyhow::ensure!(
+                bytes.len() % 4 == 0,
+                "--xvector {}: {} bytes is not a whole number of f32 values",
+                p.display(),
+                bytes.len()
+            );
+            Some(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect::<Vec<f32>>(),
+            )
+        }
+        None => None,
+    };
+    let speaker = args.speaker.clone().or_else(|| {
+        (info.model_type == "custom_voice").then(|| {
+            if info.speakers.iter().any(|s| s == "vivian") {
+                "vivian".to_owned()
+            } else {
+                info.speakers.first().cloned().unwrap_or_default()
+            }
+        })
+    });
+    let base = Request {
+        input: TextInput::Text(String::new()),
+        voice: Voice {
+            speaker,
+            language: args.language.clone(),
+            instruct: args.instruct.clone(),
+            xvector,
+        },
+        mode: match args.text_mode {
+            TextModeArg::Streaming => TextMode::Streaming,
+            TextModeArg::NonStreaming => TextMode::NonStreaming,
+        },
+        sampling: None,
+        cp_sampling: None,
+        repetition_penalty: None,
+        seed: args.seed,
+        max_frames: args.max_frames,
+        keep_codes: args.codes_out.is_some(),
+    };
+    let base = if args.greedy { base.greedy() } else { base };
+    if let Some(ids) = &args.token_ids {
+        anyhow::ensure!(args.text.is_none(), "give text or --token-ids, not both");
+        let mut r = base;
+        r.input = TextInput::TokenIds(parse_ids(ids)?);
+        return Ok(Box::new(std::iter::once(Ok(r))));
+    }
+    match args.text.as_deref() {
+        None => anyhow::bail!("no text: pass it as an argument, or - to read standard input"),
+        Some("-") => Ok(Box::new(std::io::stdin().lines().filter_map(
+            move |line| match line {
+                Ok(l) if l.trim().is_empty() => None,
+                Ok(l) => {
+                    let mut r = base.clone();
+                    r.input = TextInput::Text(l);
+                    Some(Ok(r))
+                }
+                Err(e) => Some(Err(
+                    anyhow::Error::from(e).context("reading standard input"),
+                )),
+            },
+        ))),
+        Some(t) => {
+            let mut r = base;
+            r.input = TextInput::Text(t.to_owned());
+            Ok(Box::new(std::iter::once(Ok(r))))
+        }
+    }
+}
+
+fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
+    use qtts::engine::{Engine, EngineConfig, ThreadPlan};
+    let model = pick_model(args.model.as_deref())?;
+    let config = EngineConfig {
+        plan: args
+            .cores
+            .map(ThreadPlan::for_cores)
+            .unwrap_or_else(ThreadPlan::detect),
+        exact: args.exact,
+        ..EngineConfig::default()
+    };
+    Engine::load(&model.files, config).context("loading the engine")
+}
+
+/// Runs every request into `sink`, with a progress line; returns the merged metrics and the sink.
+fn run_all(
+    args: &SpeakArgs,
+    engine: &mut qtts::engine::Engine,
+    mut sink: Box<dyn qtts::audio::AudioSink>,
+    label: &str,
+) -> anyhow::Result<Box<dyn qtts::audio::AudioSink>> {
+    let started = std::time::SystemTime::now();
+    let clock = Instant::now();
+    let info = engine.info().clone();
+    let mut metrics = qtts::metrics::Metrics::default();
+    let mut codes: Vec<[u32; 16]> = Vec::new();
+    let mut totals = (0usize, 0f64);
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    for req in requests(args, &info)? {
+        let req = req?;
+        let mut s = engine.synthesize(req, sink);
+        let finished = loop {
+            match s.wait_timeout(std::time::Duration::from_millis(100)) {
+                Ok(f) => break f,
+                Err(running) => {
+                    s = running;
+                    let f = s.frames();
+                    bar.set_message(format!(
+                        "{label}: {f} frames, {:.1} s of audio",
+                        f as f64 * 0.08
+                    ));
+                    bar.tick();
+                }
+            }
+        };
+        let (summary, back) = finished;
+        sink = back;
+        let summary = summary?;
+        bar.suspend(|| {
+            for (i, seg) in summary.segments.iter().enumerate() {
+                if summary.segments.len() > 1 {
+                    eprintln!(
+                        "  utterance {}: {} tokens, {} frames, {:?}, cut {:?}",
+                        i + 1,
+                        seg.tokens,
+                        seg.frames,
+                        seg.stop,
+                        seg.cut
+                    );
+                } else if let qtts::talker::StopReason::FrameCap { frames } = seg.stop {
+                    eprintln!("  stopped at the frame cap ({frames} frames), not at end-of-speech");
+                }
+            }
+            eprintln!(
+                "{label}: {} frames, {:.2} s of audio, first audio after {} ms, RTF {:.2}{}",
+                summary.frames,
+                summary.audio_seconds(),
+                summary
+                    .ttfa
+                    .map(|t| t.as_millis().to_string())
+                    .unwrap_or_else(|| "-".into()),
+                summary.rtf(),
+                if summary.non_finite > 0 {
+                    format!(", {} non-finite samples zeroed", summary.non_finite)
+                } else {
+                    String::new()
+                }
+            );
+        });
+        totals.0 += summary.frames;
+        totals.1 += summary.audio_seconds();
+        metrics.merge(&summary.metrics);
+        codes.extend_from_slice(&summary.codes);
+    }
+    bar.finish_and_clear();
+    if let Some(p) = &args.codes_out {
+        let json = serde_json::to_string(&codes)?;
+        std::fs::write(p, json).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if args.stats {
+        eprint!("{}", metrics.table());
+    }
+    if let Some(p) = &args.stats_log {
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        );
+        metrics
+            .write_interval_log(&mut f, started, clock.elapsed())
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &args.plot {
+        metrics.plot_svg(p, &format!("qtts stage latencies ({} frames)", totals.0))?;
+    }
+    Ok(sink)
+}
+
+fn synth(
+    args: &SpeakArgs,
+    out: &std::path::Path,
+    format: qtts::audio::SampleFormat,
+) -> anyhow::Result<()> {
+    let mut engine = engine_for(args)?;
+    let wav = qtts::audio::WavSink::create(out, format)
+        .with_context(|| format!("creating {}", out.display()))?;
+    let sink = run_all(args, &mut engine, Box::new(wav), "wrote")?;
+    let wav: qtts::audio::WavSink = qtts::engine::downcast_sink(sink)
+        .context("the WAV sink did not come back from the engine")?;
+    let n = wav.samples();
+    wav.finish()?;
+    eprintln!("qtts: {} ({:.2} s)", out.display(), n as f64 / 24_000.0);
+    Ok(())
+}
+
 fn progress_printer(label: &'static str) -> impl FnMut(u64, u64) {
     let start = Instant::now();
     let mut last = 0u64;
@@ -82,6 +428,45 @@ fn progress_printer(label: &'static str) -> impl FnMut(u64, u64) {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Speak {
+            args,
+            out: Some(out),
+            ..
+        } => synth(&args, &out, qtts::audio::SampleFormat::F32)?,
+        Command::Speak {
+            args,
+            prebuffer_ms,
+            ring_ms,
+            out: None,
+        } => {
+            let mut engine = engine_for(&args)?;
+            let (ring, player) = qtts::audio::ring(ring_ms, prebuffer_ms);
+            let out = qtts::audio::cpal_out::CpalOutput::open(player)?;
+            eprintln!("qtts: playing on {}", out.description);
+            let shared = out.shared();
+            run_all(&args, &mut engine, Box::new(ring), "spoke")?;
+            let underruns = shared.underruns();
+            if underruns > 0 {
+                let first: Vec<u64> = shared.underrun_periods().into_iter().take(8).collect();
+                eprintln!(
+                    "qtts: {underruns} underruns of {} device periods (first at periods {first:?}); \
+                     a larger --prebuffer-ms helps when generation is slower than real time",
+                    shared.periods()
+                );
+            }
+        }
+        Command::Synth {
+            args,
+            out,
+            sample_format,
+        } => synth(
+            &args,
+            &out,
+            match sample_format {
+                SampleFormatArg::F32 => qtts::audio::SampleFormat::F32,
+                SampleFormatArg::S16 => qtts::audio::SampleFormat::S16,
+            },
+        )?,
         Command::Convert {
             hf_dir,
             out_dir,

@@ -147,3 +147,76 @@ impl Metrics {
         Ok(())
     }
 }
+
+/// Errors of [`Metrics::plot_svg`].
+#[derive(Debug, thiserror::Error)]
+#[error("latency plot {path}: {message}")]
+pub struct PlotError {
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// What the plotting library said.
+    pub message: String,
+}
+
+impl Metrics {
+    /// Draws each stage's latency distribution (ms against percentile, HdrHistogram's classic
+    /// plot: the tail stretched on a log axis) as an SVG file.
+    pub fn plot_svg(&self, path: &std::path::Path, title: &str) -> Result<(), PlotError> {
+        use plotters::prelude::*;
+        let err = |e: &dyn std::fmt::Display| PlotError {
+            path: path.into(),
+            message: e.to_string(),
+        };
+        // x = 1 / (1 - q): 1 at the median's start (q = 0), 1000 at q = 0.999.
+        let grid: Vec<f64> = (0..=60).map(|i| 10f64.powf(i as f64 / 20.0)).collect();
+        let series: Vec<(&str, Vec<(f64, f64)>)> = self
+            .named()
+            .into_iter()
+            .filter(|(name, h)| !h.is_empty() && !name.starts_with("ring"))
+            .map(|(name, h)| {
+                let pts = grid
+                    .iter()
+                    .map(|&x| (x, h.value_at_quantile(1.0 - 1.0 / x) as f64 / 1e3))
+                    .collect();
+                (name, pts)
+            })
+            .collect();
+        let top = series
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|&(_, y)| y))
+            .fold(1.0f64, f64::max)
+            * 1.1;
+        let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d((1f64..1000f64).log_scale(), 0f64..top)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("percentile")
+            .y_desc("latency (ms)")
+            .x_label_formatter(&|x| format!("{:.1}%", (1.0 - 1.0 / x) * 100.0))
+            .draw()
+            .map_err(|e| err(&e))?;
+        for (i, (name, pts)) in series.into_iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| err(&e))?;
+        root.present().map_err(|e| err(&e))?;
+        Ok(())
+    }
+}

@@ -90,6 +90,39 @@ impl CpalOutput {
     /// Opens the default output device and starts playing `player`. A machine without a usable
     /// device gets [`AudioError::NoDevice`], with the audio system's reason.
     pub fn open(player: Player) -> Result<Self, AudioError> {
+        // alsa-lib prints its errors to stderr unless a handler takes them: keep them for the
+        // error message instead (thread-local; cpal opens the device on this thread).
+        #[cfg(target_os = "linux")]
+        let alsa_log = alsa::Output::local_error_handler().ok();
+        #[cfg(not(target_os = "linux"))]
+        let alsa_log: Option<()> = None;
+        let last_alsa_line = || {
+            #[cfg(target_os = "linux")]
+            {
+                alsa_log
+                    .as_ref()
+                    .map(|o| o.borrow().to_string())
+                    .and_then(|s| s.lines().last().map(str::to_owned))
+            }
+            #[cfg(not(target_os = "linux"))]
+            {
+                let _ = &alsa_log;
+                None::<String>
+            }
+        };
+        let result = Self::open_default(player);
+        match result {
+            Err(AudioError::NoDevice { reason }) => Err(AudioError::NoDevice {
+                reason: match last_alsa_line() {
+                    Some(l) => format!("{} (ALSA: {})", reason.trim_end_matches('.'), l.trim()),
+                    None => reason.trim_end_matches('.').to_owned(),
+                },
+            }),
+            r => r,
+        }
+    }
+
+    fn open_default(player: Player) -> Result<Self, AudioError> {
         let host = cpal::default_host();
         let device = host
             .default_output_device()

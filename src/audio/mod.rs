@@ -52,7 +52,7 @@ pub fn ms_to_samples(ms: f64) -> usize {
 pub enum AudioError {
     /// There is no usable output device.
     /// Write to a file instead (`--out file.wav`), or check the sound setup (`aplay -l`).
-    #[error("no audio output device: {reason}; write to a file instead (--out file.wav)")]
+    #[error("no audio output device: {reason}. Write a file instead: --out file.wav")]
     NoDevice {
         /// What the audio system said.
         reason: String,

@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod convert;
+pub mod find;
 pub mod layout;
 pub mod random;
 pub mod testing;

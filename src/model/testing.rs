@@ -48,3 +48,56 @@ pub fn write_tiny_tokenizer(dir: &Path) -> Result<(), ModelError> {
     }
     Ok(())
 }
+
+/// `preset`'s configs with a tiny talker and code predictor (widths 64 and 48, 2 layers each, text
+/// vocabulary 1024 with the tiny tokenizer's special ids, as the oracle's tiny fixtures), and,
+/// when `small_decoder`, a decoder of the same structure but widths 16 to 64 and 2 layers (the
+/// full-size one otherwise). Random weights in this geometry are the built-in default model.
+pub fn tiny_config(
+    preset: crate::model::config::Preset,
+    small_decoder: bool,
+) -> crate::model::config::CheckpointConfig {
+    let mut cfg = preset.config();
+    let t = &mut cfg.tts.talker_config;
+    (
+        t.hidden_size,
+        t.num_hidden_layers,
+        t.num_attention_heads,
+        t.num_key_value_heads,
+    ) = (64, 2, 4, 2);
+    (
+        t.head_dim,
+        t.intermediate_size,
+        t.text_vocab_size,
+        t.text_hidden_size,
+    ) = (32, 128, 1024, 96);
+    t.rope_scaling.mrope_section = vec![6, 5, 5];
+    let cp = &mut t.code_predictor_config;
+    (
+        cp.hidden_size,
+        cp.num_hidden_layers,
+        cp.num_attention_heads,
+        cp.num_key_value_heads,
+    ) = (48, 2, 4, 2);
+    (cp.head_dim, cp.intermediate_size) = (32, 128);
+    if cfg.tts.speaker_encoder_config.enc_dim.is_some() {
+        cfg.tts.speaker_encoder_config.enc_dim = Some(64);
+    }
+    let tts = &mut cfg.tts;
+    (
+        tts.im_start_token_id,
+        tts.im_end_token_id,
+        tts.assistant_token_id,
+    ) = (1000, 1001, 1002);
+    (
+        tts.tts_pad_token_id,
+        tts.tts_bos_token_id,
+        tts.tts_eos_token_id,
+    ) = (1004, 1005, 1006);
+    if small_decoder {
+        let d = &mut cfg.speech_tokenizer.decoder_config;
+        (d.codebook_dim, d.latent_dim, d.decoder_dim, d.hidden_size) = (16, 48, 64, 32);
+        (d.intermediate_size, d.head_dim, d.num_hidden_layers) = (64, 4, 2);
+    }
+    cfg
+}

@@ -78,47 +78,10 @@ pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// `preset`'s configs with a tiny talker and code predictor (widths 64, 2 layers, text vocab 1024
-/// with the tiny fixtures' special ids) and the preset's decoder unchanged.
+/// `preset`'s configs with a tiny talker and code predictor and the preset's decoder unchanged
+/// (`qtts::model::testing::tiny_config`).
 pub fn tiny_talker(preset: qtts::model::config::Preset) -> qtts::model::config::CheckpointConfig {
-    let mut cfg = preset.config();
-    let t = &mut cfg.tts.talker_config;
-    (
-        t.hidden_size,
-        t.num_hidden_layers,
-        t.num_attention_heads,
-        t.num_key_value_heads,
-    ) = (64, 2, 4, 2);
-    (
-        t.head_dim,
-        t.intermediate_size,
-        t.text_vocab_size,
-        t.text_hidden_size,
-    ) = (32, 128, 1024, 96);
-    t.rope_scaling.mrope_section = vec![6, 5, 5];
-    let cp = &mut t.code_predictor_config;
-    (
-        cp.hidden_size,
-        cp.num_hidden_layers,
-        cp.num_attention_heads,
-        cp.num_key_value_heads,
-    ) = (48, 2, 4, 2);
-    (cp.head_dim, cp.intermediate_size) = (32, 128);
-    if cfg.tts.speaker_encoder_config.enc_dim.is_some() {
-        cfg.tts.speaker_encoder_config.enc_dim = Some(64);
-    }
-    let tts = &mut cfg.tts;
-    (
-        tts.im_start_token_id,
-        tts.im_end_token_id,
-        tts.assistant_token_id,
-    ) = (1000, 1001, 1002);
-    (
-        tts.tts_pad_token_id,
-        tts.tts_bos_token_id,
-        tts.tts_eos_token_id,
-    ) = (1004, 1005, 1006);
-    cfg
+    qtts::model::testing::tiny_config(preset, false)
 }
 
 /// A random checkpoint of `preset`'s kind with the tiny talker ([`tiny_talker`]) and a small
@@ -127,10 +90,7 @@ pub fn tiny_random(
     preset: qtts::model::config::Preset,
     seed: u64,
 ) -> (tempfile::TempDir, qtts::model::convert::Converted) {
-    let mut cfg = tiny_talker(preset);
-    let d = &mut cfg.speech_tokenizer.decoder_config;
-    (d.codebook_dim, d.latent_dim, d.decoder_dim, d.hidden_size) = (16, 48, 64, 32);
-    (d.intermediate_size, d.head_dim, d.num_hidden_layers) = (64, 4, 2);
+    let cfg = qtts::model::testing::tiny_config(preset, true);
     let tmp = tempfile::tempdir().unwrap();
     let tok = tmp.path().join("tokenizer");
     tiny_tokenizer(&tok);

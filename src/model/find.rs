@@ -1,0 +1,214 @@
+//! Finding a model to speak with: a named path, the `models/` directory, or the built-in default.
+//!
+//! A model is a directory holding a converted pair `talker-<type>.gguf` + `mmproj-<type>.gguf`
+//! (what `qtts convert` writes), a talker file whose mmproj sits beside it, or an official Hugging
+//! Face checkpoint directory, which is converted once into a cache directory.
+//! When nothing is named and `models/` holds nothing usable, the built-in default is a tiny
+//! random-weight CustomVoice model made on the spot (a second, cached): it runs every stage of
+//! the engine, but its audio is noise, and callers must say so.
+
+use std::path::{Path, PathBuf};
+
+use crate::engine::ModelFiles;
+use crate::error::ModelError;
+use crate::gguf::{GgufFile, Value};
+use crate::model::config::{ModelType, TtsConfig};
+use crate::model::convert::{OutType, KEY_HF_CONFIG};
+
+/// A usable model and what it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FoundModel {
+    /// The GGUF pair.
+    pub files: ModelFiles,
+    /// `custom_voice 0b6 q8_0`, ...
+    pub description: String,
+    /// Whether this is the built-in random-weight model (noise, not speech).
+    pub builtin: bool,
+}
+
+/// The storage types in order of preference: q8_0 is near-lossless and fast, q4_k faster, f16 and
+/// f32 slower.
+const TYPES: [&str; 4] = ["q8_0", "q4_k", "f16", "f32"];
+
+/// The GGUF pair in `dir`, the preferred type first.
+pub fn pair_in(dir: &Path) -> Option<ModelFiles> {
+    TYPES.iter().find_map(|ty| {
+        let talker = dir.join(format!("talker-{ty}.gguf"));
+        let mmproj = dir.join(format!("mmproj-{ty}.gguf"));
+        (talker.is_file() && mmproj.is_file()).then_some(ModelFiles { talker, mmproj })
+    })
+}
+
+/// The checkpoint config carried by a talker GGUF, if it has one.
+fn talker_config(talker: &Path) -> Option<TtsConfig> {
+    let f = GgufFile::open(talker).ok()?;
+    let text = f.header.get(KEY_HF_CONFIG).and_then(Value::as_str)?;
+    serde_json::from_str(text).ok()
+}
+
+fn describe(files: &ModelFiles) -> (String, (u8, u8, usize)) {
+    let ty = files
+        .talker
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.strip_prefix("talker-"))
+        .unwrap_or("?")
+        .to_owned();
+    let ty_rank = TYPES.iter().position(|t| *t == ty).unwrap_or(TYPES.len());
+    match talker_config(&files.talker) {
+        Some(c) => {
+            let kind = match c.tts_model_type {
+                ModelType::CustomVoice => 0,
+                ModelType::VoiceDesign => 1,
+                ModelType::Base => 2,
+            };
+            let size = u8::from(c.tts_model_size != "0b6");
+            (
+                format!("{} {} {ty}", c.tts_model_type.as_str(), c.tts_model_size),
+                (kind, size, ty_rank),
+            )
+        }
+        None => (format!("unknown model {ty}"), (3, 1, ty_rank)),
+    }
+}
+
+/// The usable models under `dir` (each subdirectory holding a pair), best first: CustomVoice
+/// (named speakers, speaks without a reference) before VoiceDesign before Base, 0.6B before 1.7B
+/// (real time on small CPUs), then q8_0, q4_k, f16, f32.
+pub fn scan(dir: &Path) -> Vec<FoundModel> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(FoundModel, (u8, u8, usize))> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| pair_in(&e.path()))
+        .map(|files| {
+            let (description, rank) = describe(&files);
+            (
+                FoundModel {
+                    files,
+                    description,
+                    builtin: false,
+                },
+                rank,
+            )
+        })
+        .collect();
+    found.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.files.talker.cmp(&b.0.files.talker)));
+    found.into_iter().map(|(m, _)| m).collect()
+}
+
+/// The cache directory (`$XDG_CACHE_HOME/qtts`, else `$HOME/.cache/qtts`, else the temp dir).
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("qtts")
+}
+
+/// Resolves `path`: a directory with a GGUF pair, a talker GGUF with its mmproj beside it, or a
+/// Hugging Face checkpoint directory (converted to q8_0 under `cache` once; `progress` gets the
+/// bytes done and total).
+pub fn resolve(
+    path: &Path,
+    cache: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<FoundModel, ModelError> {
+    let found = |files: ModelFiles| {
+        let (description, _) = describe(&files);
+        FoundModel {
+            files,
+            description,
+            builtin: false,
+        }
+    };
+    if path.is_file() {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let mmproj = name
+            .strip_prefix("talker-")
+            .map(|rest| path.with_file_name(format!("mmproj-{rest}")));
+        return match mmproj {
+            Some(m) if m.is_file() => Ok(found(ModelFiles {
+                talker: path.to_path_buf(),
+                mmproj: m,
+            })),
+            _ => Err(ModelError::Unsupported {
+                what: format!("model file {}", path.display()),
+                expected:
+                    "a talker-<type>.gguf with its mmproj-<type>.gguf beside it, or their directory"
+                        .into(),
+                found: name.to_owned(),
+            }),
+        };
+    }
+    if let Some(files) = pair_in(path) {
+        return Ok(found(files));
+    }
+    if path.join("config.json").is_file() && path.join("model.safetensors").is_file() {
+        let name = path
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "checkpoint".into());
+        let out = cache.join("converted").join(format!("{name}-q8_0"));
+        if let Some(files) = pair_in(&out) {
+            return Ok(found(files));
+        }
+        let c = crate::model::convert::convert(path, None, &out, OutType::Q8_0, progress)?;
+        return Ok(found(ModelFiles {
+            talker: c.talker,
+            mmproj: c.mmproj,
+        }));
+    }
+    Err(ModelError::Unsupported {
+        what: format!("model path {}", path.display()),
+        expected: "a directory with talker-<type>.gguf and mmproj-<type>.gguf, a talker GGUF, or a Hugging Face checkpoint directory (config.json, model.safetensors)".into(),
+        found: if path.exists() { "neither".into() } else { "nothing at that path".into() },
+    })
+}
+
+/// The built-in default model: tiny random-weight CustomVoice (seed 1), made under `cache` on
+/// first use (about a second) and reused.
+pub fn builtin(cache: &Path) -> Result<FoundModel, ModelError> {
+    let dir = cache.join("builtin-tiny-v1");
+    let files = match pair_in(&dir) {
+        Some(f) => f,
+        None => {
+            let work = cache.join(format!("builtin-tiny-v1.partial-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&work);
+            let tok = work.join("tokenizer");
+            crate::model::testing::write_tiny_tokenizer(&tok)?;
+            let cfg = crate::model::testing::tiny_config(
+                crate::model::config::Preset::Small06CustomVoice,
+                true,
+            );
+            let ckpt = work.join("checkpoint");
+            crate::model::random::write_random_checkpoint_with(
+                &cfg,
+                1,
+                &tok,
+                &ckpt,
+                &mut |_, _| {},
+            )?;
+            let out = work.join("gguf");
+            crate::model::convert::convert(&ckpt, None, &out, OutType::F32, &mut |_, _| {})?;
+            // Publish atomically: a concurrent maker loses the rename and uses the winner's.
+            match std::fs::rename(&out, &dir) {
+                Ok(()) => {}
+                Err(_) if pair_in(&dir).is_some() => {}
+                Err(e) => return Err(ModelError::io(&dir, "rename", e)),
+            }
+            let _ = std::fs::remove_dir_all(&work);
+            pair_in(&dir).ok_or_else(|| ModelError::MissingTensor {
+                path: dir.clone(),
+                tensor: "talker-f32.gguf".into(),
+            })?
+        }
+    };
+    Ok(FoundModel {
+        files,
+        description: "built-in tiny random-weight CustomVoice model (noise, not speech)".into(),
+        builtin: true,
+    })
+}

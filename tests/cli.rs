@@ -1,0 +1,220 @@
+//! The `qtts` binary: `synth` against the oracle through the whole pipeline, standard input,
+//! `speak` through cpal on ALSA's `null` device, and the messages users get.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::max_abs;
+use qtts::model::convert::OutType;
+
+fn qtts(args: &[&str], home: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qtts"))
+        .args(args)
+        .env("HOME", home)
+        .env("XDG_CACHE_HOME", home.join("cache"))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn read_wav(p: &Path) -> Vec<f32> {
+    hound::WavReader::open(p)
+        .unwrap()
+        .samples::<f32>()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[test]
+fn synth_token_ids_reproduces_the_oracle() {
+    for name in ["tiny", "tiny17"] {
+        let (tmp, out) = common::convert_tiny(name, OutType::F32);
+        let dir = out.talker.parent().unwrap().to_str().unwrap().to_owned();
+        for (run, mode) in [
+            ("generate_stream", "streaming"),
+            ("generate_nonstream", "non-streaming"),
+        ] {
+            let o =
+                common::oracle(&common::fixture(name).join(format!("oracle/{run}.safetensors")));
+            let ids: Vec<String> = o["input_ids"]
+                .iter()
+                .map(|&x| (x as u32).to_string())
+                .collect();
+            let frames = (o["codes"].len() / 16).to_string();
+            let wav = tmp.path().join(format!("{run}.wav"));
+            let codes = tmp.path().join(format!("{run}.json"));
+            let r = qtts(
+                &[
+                    "synth",
+                    "--model",
+                    &dir,
+                    "--token-ids",
+                    &ids.join(","),
+                    "--speaker",
+                    "vivian",
+                    "--language",
+                    "english",
+                    "--text-mode",
+                    mode,
+                    "--greedy",
+                    "--exact",
+                    "--max-frames",
+                    &frames,
+                    "--out",
+                    wav.to_str().unwrap(),
+                    "--codes-out",
+                    codes.to_str().unwrap(),
+                ],
+                tmp.path(),
+            );
+            assert!(r.status.success(), "{name} {run}: {}", stderr(&r));
+            let got: Vec<Vec<u32>> =
+                serde_json::from_str(&std::fs::read_to_string(&codes).unwrap()).unwrap();
+            let got: Vec<f32> = got.iter().flatten().map(|&c| c as f32).collect();
+            assert_eq!(got, o["codes"], "{name} {run}");
+            let e = max_abs(&read_wav(&wav), &o["wav"]);
+            assert!(e < 1e-4, "{name} {run}: wav off by {e}");
+        }
+    }
+}
+
+#[test]
+fn synth_reads_standard_input_line_by_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wav = tmp.path().join("lines.wav");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qtts"))
+        .args([
+            "synth",
+            "-",
+            "--max-frames",
+            "3",
+            "--sample-format",
+            "s16",
+            "--out",
+        ])
+        .arg(&wav)
+        .env("HOME", tmp.path())
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(b"first line\n\nsecond line\nthird\n")
+            .unwrap();
+    }
+    let r = child.wait_with_output().unwrap();
+    let err = stderr(&r);
+    assert!(r.status.success(), "{err}");
+    assert!(
+        err.contains("built-in"),
+        "the built-in model is announced: {err}"
+    );
+    let reader = hound::WavReader::open(&wav).unwrap();
+    assert_eq!(reader.spec().bits_per_sample, 16);
+    assert_eq!(reader.spec().sample_rate, 24_000);
+    assert_eq!(
+        reader.len() as usize,
+        3 * 3 * 1920,
+        "three lines of 3 frames"
+    );
+}
+
+#[test]
+fn speak_plays_through_alsa_null_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join(".asoundrc"), "pcm.!default { type null }\n").unwrap();
+    let r = qtts(
+        &["speak", "Hello there.", "--max-frames", "10", "--stats"],
+        tmp.path(),
+    );
+    let err = stderr(&r);
+    assert!(r.status.success(), "{err}");
+    assert!(err.contains("playing on"), "{err}");
+    assert!(err.contains("10 frames"), "{err}");
+    assert!(err.contains("decoder frame"), "stats table: {err}");
+    assert!(!err.contains("ALSA lib"), "{err}");
+}
+
+#[test]
+fn no_sound_card_gets_a_clear_message() {
+    let cards = std::fs::read_to_string("/proc/asound/cards").unwrap_or_default();
+    if !cards.contains("no soundcards") && !cards.is_empty() {
+        eprintln!("this machine has a sound card: the no-device message cannot be provoked");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let r = qtts(&["speak", "Hello."], tmp.path());
+    let err = stderr(&r);
+    assert!(!r.status.success());
+    assert!(err.contains("no audio output device"), "{err}");
+    assert!(err.contains("--out file.wav"), "{err}");
+    assert!(!err.contains("ALSA lib"), "ALSA's own dump leaked: {err}");
+    // And the suggestion works.
+    let wav = tmp.path().join("x.wav");
+    let r = qtts(
+        &[
+            "speak",
+            "Hello.",
+            "--max-frames",
+            "2",
+            "--out",
+            wav.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert_eq!(read_wav(&wav).len(), 2 * 1920);
+}
+
+#[test]
+fn bad_requests_are_explained() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wav = tmp.path().join("x.wav");
+    let w = wav.to_str().unwrap();
+    let r = qtts(
+        &["synth", "hi", "--speaker", "nobody", "--out", w],
+        tmp.path(),
+    );
+    assert!(!r.status.success());
+    let err = stderr(&r);
+    assert!(
+        err.contains("unknown speaker 'nobody'") && err.contains("vivian"),
+        "{err}"
+    );
+    let r = qtts(
+        &["synth", "hi", "--language", "klingon", "--out", w],
+        tmp.path(),
+    );
+    assert!(
+        stderr(&r).contains("unknown language 'klingon'"),
+        "{}",
+        stderr(&r)
+    );
+    let r = qtts(
+        &["synth", "hi", "--model", "/nonexistent", "--out", w],
+        tmp.path(),
+    );
+    assert!(
+        stderr(&r).contains("nothing at that path"),
+        "{}",
+        stderr(&r)
+    );
+    let r = qtts(&["synth", "--token-ids", "1,x", "--out", w], tmp.path());
+    assert!(
+        stderr(&r).contains("'x' is not a token id"),
+        "{}",
+        stderr(&r)
+    );
+    let r = qtts(&["synth", "   ", "--out", w], tmp.path());
+    assert!(stderr(&r).contains("nothing to speak"), "{}", stderr(&r));
+}
