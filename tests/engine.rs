@@ -271,3 +271,31 @@ fn dropping_the_engine_joins_its_threads_and_errors_are_typed() {
     assert_eq!(threads(), before);
     let _ = AtomicUsize::new(0);
 }
+
+/// The iterator API yields the same samples as a sink, chunk by chunk as decoded: one frame first,
+/// then `decoder_chunk` frames per chunk.
+#[test]
+fn stream_iterator_yields_the_same_audio() {
+    let _guard = serial_guard();
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let cfg = config();
+    let chunk = cfg.decoder_chunk;
+    let mut engine = Engine::load(&files(&out), cfg).unwrap();
+    let mut req = Request::text("Streaming chunks.");
+    req.max_frames = Some(7);
+    req.seed = 9;
+    let (_, whole) = run(&mut engine, req.clone());
+    let mut stream = engine.stream(req, 2);
+    let chunks: Vec<Vec<f32>> = stream.by_ref().collect();
+    let summary = stream.finish().unwrap();
+    assert_eq!(summary.frames, 7);
+    let sizes: Vec<usize> = chunks.iter().map(|c| c.len() / 1920).collect();
+    let mut want = vec![1];
+    let mut left = 6;
+    while left > 0 {
+        want.push(left.min(chunk));
+        left -= left.min(chunk);
+    }
+    assert_eq!(sizes, want);
+    assert!(chunks.concat() == whole);
+}
