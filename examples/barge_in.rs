@@ -43,7 +43,9 @@ fn main() -> anyhow::Result<()> {
         first.stop
     );
 
-    let (second, _sink) = engine.synthesize(Request::text("Sure, go ahead."), sink).wait();
+    let (second, _sink) = engine
+        .synthesize(Request::text("Sure, go ahead."), sink)
+        .wait();
     let second = second?;
     println!(
         "reply: {} frames, first audio after {:?}, stop {:?}; underruns so far: {}",

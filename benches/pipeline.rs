@@ -1,0 +1,109 @@
+//! Time to first audio and real-time factor of the pipelined engine against the same stages run
+//! serially on one thread, on the full-size random-weight 0.6B CustomVoice model (random weights
+//! never emit EOS, so every run is capped at `QTTS_BENCH_FRAMES` frames, 24 by default).
+//!
+//! Runs interleave (pipelined, serial) `QTTS_BENCH_RUNS` times (3) after one warm-up each; the
+//! medians and their ratio are printed, then the pipelined run's per-stage percentile table.
+//! Weights: `QTTS_BENCH_TYPE` (q4_k, q8_0, f16, f32; default q4_k), from `QTTS_BENCH_MODELS` or
+//! made once under the target directory.
+//!
+//! Run: `cargo bench --bench pipeline`
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::time::Duration;
+
+use qtts::audio::MemorySink;
+use qtts::engine::serial::Serial;
+use qtts::engine::{Engine, EngineConfig, ModelFiles, Request, Summary, ThreadPlan};
+use qtts::model::convert::OutType;
+
+fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let ty = match std::env::var("QTTS_BENCH_TYPE").as_deref() {
+        Ok("q8_0") => OutType::Q8_0,
+        Ok("f16") => OutType::F16,
+        Ok("f32") => OutType::F32,
+        _ => OutType::Q4K,
+    };
+    let frames: usize = env("QTTS_BENCH_FRAMES", 24);
+    let runs: usize = env("QTTS_BENCH_RUNS", 3);
+    let dir = common::models(&[ty]);
+    let files = ModelFiles {
+        talker: dir.join(format!("talker-{}.gguf", ty.name())),
+        mmproj: dir.join(format!("mmproj-{}.gguf", ty.name())),
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let config = EngineConfig::default();
+    println!(
+        "pipeline bench: 0.6B CustomVoice random weights, {}, {frames} frames, {cores} cores, plan {:?}",
+        ty.name(),
+        config.plan
+    );
+    let mut engine = Engine::load(&files, config.clone()).unwrap();
+    let serial_cfg = EngineConfig {
+        plan: ThreadPlan::for_cores(cores),
+        ..config
+    };
+    let mut serial = Serial::load(&files, serial_cfg, cores).unwrap();
+    let mut req = Request::text("The quick brown fox jumps over the lazy dog, twice.");
+    req.voice.speaker = Some("vivian".into());
+    req.voice.language = Some("english".into());
+    req.max_frames = Some(frames);
+    req.seed = 1;
+
+    let pipelined = |engine: &mut Engine| -> Summary {
+        let (s, _) = engine
+            .synthesize(req.clone(), Box::new(MemorySink::default()))
+            .wait();
+        s.unwrap()
+    };
+    let serial_run =
+        |serial: &mut Serial| -> Summary { serial.run(&req, &mut MemorySink::default()).unwrap() };
+    pipelined(&mut engine);
+    serial_run(&mut serial);
+    let (mut p_rtf, mut p_ttfa, mut s_rtf, mut s_ttfa) = (vec![], vec![], vec![], vec![]);
+    let mut last = None;
+    for i in 0..runs {
+        let p = pipelined(&mut engine);
+        let s = serial_run(&mut serial);
+        let ms = |d: Option<Duration>| d.unwrap_or_default().as_secs_f64() * 1e3;
+        println!(
+            "run {i}: pipelined RTF {:.3} TTFA {:.0} ms | serial RTF {:.3} TTFA {:.0} ms",
+            p.rtf(),
+            ms(p.ttfa),
+            s.rtf(),
+            ms(s.ttfa)
+        );
+        p_rtf.push(p.rtf());
+        p_ttfa.push(ms(p.ttfa));
+        s_rtf.push(s.rtf());
+        s_ttfa.push(ms(s.ttfa));
+        last = Some((p, s));
+    }
+    let (pr, pt, sr, st) = (median(p_rtf), median(p_ttfa), median(s_rtf), median(s_ttfa));
+    println!("\nmedian of {runs}:        RTF      TTFA ms");
+    println!("pipelined          {pr:>7.3}  {pt:>8.0}");
+    println!("serial (1 thread)  {sr:>7.3}  {st:>8.0}");
+    println!(
+        "serial / pipelined {:>7.2}x {:>7.2}x",
+        sr / pr.max(1e-9),
+        st / pt.max(1e-9)
+    );
+    if let Some((p, s)) = last {
+        println!("\npipelined, last run:\n{}", p.metrics.table());
+        println!("serial, last run:\n{}", s.metrics.table());
+    }
+}
