@@ -310,6 +310,8 @@ impl Drop for Threadpool {
 #[derive(Debug)]
 pub struct Context {
     ptr: NonNull<sys::ggml_context>,
+    /// Tensors get no data here (a graph allocator places them later).
+    no_alloc: bool,
 }
 
 // SAFETY: the context is used by one thread at a time (not Sync).
@@ -325,16 +327,20 @@ pub struct Tensor<'ctx> {
 impl Context {
     /// A context with `mem_bytes` of tensor and graph memory.
     pub fn new(mem_bytes: usize) -> Result<Self, GgmlError> {
+        Self::with_alloc(mem_bytes, false)
+    }
+
+    fn with_alloc(mem_bytes: usize, no_alloc: bool) -> Result<Self, GgmlError> {
         install_logging();
         let params = sys::ggml_init_params {
             mem_size: mem_bytes,
             mem_buffer: std::ptr::null_mut(),
-            no_alloc: false,
+            no_alloc,
         };
         // SAFETY: ggml_init allocates its own buffer of mem_size bytes (or returns null).
         let ptr = unsafe { sys::ggml_init(params) };
         NonNull::new(ptr)
-            .map(|ptr| Context { ptr })
+            .map(|ptr| Context { ptr, no_alloc })
             .ok_or(GgmlError::Alloc {
                 what: "ggml context",
                 bytes: mem_bytes,
@@ -359,6 +365,7 @@ impl Context {
             sys::ggml_get_mem_size(self.ptr.as_ptr()) - sys::ggml_used_mem(self.ptr.as_ptr())
         };
         // ggml aborts when a context runs out of memory; refuse before that.
+        let bytes = if self.no_alloc { 0 } else { bytes };
         // SAFETY: pure function.
         let need = bytes + unsafe { sys::ggml_tensor_overhead() } + 64;
         if need > free {
@@ -370,7 +377,8 @@ impl Context {
         Ok(())
     }
 
-    /// A new f32 tensor of shape `ne` (ggml order, 1 to 4 dimensions), zeroed.
+    /// A new f32 tensor of shape `ne` (ggml order, 1 to 4 dimensions), zeroed; in a graph-allocated
+    /// context ([`OwnedGraph::build_allocated`]) it has no data until the graph is allocated.
     pub fn new_f32(&self, ne: &[usize]) -> Result<Tensor<'_>, GgmlError> {
         if ne.is_empty() || ne.len() > 4 || ne.contains(&0) {
             return Err(GgmlError::Shape {
@@ -392,7 +400,9 @@ impl Context {
             )
         };
         let t = self.wrap(p, bytes)?;
-        t.write_f32(&vec![0.0; bytes / 4])?;
+        if !self.no_alloc {
+            t.write_f32(&vec![0.0; bytes / 4])?;
+        }
         Ok(t)
     }
 
@@ -818,7 +828,8 @@ impl<'ctx> Tensor<'ctx> {
                 found: format!("{} bytes", src.len()),
             });
         }
-        // SAFETY: sizes agree; no reference into the data exists while it is written.
+        self.check_data()?;
+        // SAFETY: sizes agree, the data exists; no reference into it exists while it is written.
         unsafe {
             let p = sys::ggml_get_data(self.ptr.as_ptr()).cast::<u8>();
             std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len());
@@ -893,7 +904,26 @@ impl<'ctx> Tensor<'ctx> {
         }
     }
 
+    /// Tensors of a graph-allocated context that the graph does not use have no data.
+    fn check_data(&self) -> Result<(), GgmlError> {
+        // SAFETY: the tensor is live; reading its data pointer is a field read.
+        if unsafe { sys::ggml_get_data(self.ptr.as_ptr()) }.is_null() {
+            // SAFETY: the tensor is live; its name is NUL-terminated by ggml.
+            let name = unsafe { CStr::from_ptr(sys::ggml_get_name(self.ptr.as_ptr())) };
+            return Err(GgmlError::Shape {
+                what: "tensor data",
+                expected: "a tensor with data".into(),
+                found: format!(
+                    "'{}', which has none (a graph-allocated tensor its graph does not use)",
+                    name.to_string_lossy()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     fn check_len(&self, n: usize) -> Result<(), GgmlError> {
+        self.check_data()?;
         // SAFETY: the tensor is live; reading its type is a field read.
         let ty = unsafe { (*self.ptr.as_ptr()).type_ };
         if n != self.n_elems() || ty != sys::GGML_TYPE_F32 {
@@ -1242,6 +1272,9 @@ impl Drop for LlamaContext<'_> {
 /// next to this one and drops them after it.
 #[derive(Debug)]
 pub struct OwnedGraph {
+    /// The graph allocator's buffer holding every tensor of `ctx`, when built with
+    /// [`OwnedGraph::build_allocated`]; freed before `ctx`.
+    galloc: Option<NonNull<sys::ggml_gallocr>>,
     ctx: Context,
     graph: NonNull<sys::ggml_cgraph>,
     work: Vec<u8>,
@@ -1251,6 +1284,27 @@ pub struct OwnedGraph {
 
 // SAFETY: the graph lives in the owned context; used by one thread at a time (not Sync).
 unsafe impl Send for OwnedGraph {}
+
+impl Drop for OwnedGraph {
+    fn drop(&mut self) {
+        if let Some(g) = self.galloc.take() {
+            // SAFETY: made by ggml_gallocr_new and freed once; ctx (dropped after) only holds
+            // tensor headers pointing into its buffer, which nothing reads after this.
+            unsafe { sys::ggml_gallocr_free(g.as_ptr()) }
+        }
+    }
+}
+
+impl OwnedGraph {
+    /// Bytes of the graph allocator's buffer (0 when built with [`OwnedGraph::build`]).
+    pub fn buffer_bytes(&self) -> usize {
+        match self.galloc {
+            // SAFETY: the allocator is live.
+            Some(g) => unsafe { sys::ggml_gallocr_get_buffer_size(g.as_ptr(), 0) },
+            None => 0,
+        }
+    }
+}
 
 impl OwnedGraph {
     /// Builds a graph in a new context of `mem_bytes`: `build` returns the output nodes, which
@@ -1264,7 +1318,44 @@ impl OwnedGraph {
         mem_bytes: usize,
         build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,
     ) -> Result<Self, GgmlError> {
-        let ctx = Context::new(mem_bytes)?;
+        // SAFETY: the caller's contract.
+        unsafe { Self::build_in(Context::new(mem_bytes)?, build, None) }
+    }
+
+    /// As [`OwnedGraph::build`], with ggml's graph allocator placing the context's tensors in one
+    /// buffer where a tensor's memory is reused once its last reader has run: the buffer is the
+    /// graph's peak of live intermediates, not their sum. `in.*` tensors are graph inputs, `out.*`
+    /// outputs, both kept whole, and so are the tensors whose names start with `keep` (to read
+    /// intermediates); tensors the graph does not reach get no memory.
+    ///
+    /// # Safety
+    ///
+    /// As [`OwnedGraph::build`].
+    pub unsafe fn build_allocated(
+        keep: Option<&str>,
+        build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,
+    ) -> Result<Self, GgmlError> {
+        // Tensor headers and the graph only: 8192 tensors of overhead plus the graph's.
+        // SAFETY: pure functions.
+        let meta = unsafe {
+            8192 * sys::ggml_tensor_overhead() + sys::ggml_graph_overhead_custom(2048, false)
+        };
+        // SAFETY: the caller's contract.
+        unsafe {
+            Self::build_in(
+                Context::with_alloc(meta, true)?,
+                build,
+                Some(keep.unwrap_or("out.")),
+            )
+        }
+    }
+
+    /// `allocate`: use the graph allocator, keeping tensors named with this prefix as outputs.
+    unsafe fn build_in(
+        ctx: Context,
+        build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,
+        allocate: Option<&str>,
+    ) -> Result<Self, GgmlError> {
         let outs: Vec<Tensor<'_>> = build(&ctx)?
             .into_iter()
             .map(|n| Tensor {
@@ -1279,13 +1370,41 @@ impl OwnedGraph {
             let mut t = sys::ggml_get_first_tensor(ctx.ptr.as_ptr());
             while let Some(p) = NonNull::new(t) {
                 let name = CStr::from_ptr(sys::ggml_get_name(p.as_ptr())).to_string_lossy();
-                if name.starts_with("in.") || name.starts_with("out.") {
+                if name.starts_with("in.") {
+                    sys::ggml_set_input(p.as_ptr());
                     ports.push((name.into_owned(), p));
+                } else if name.starts_with("out.") {
+                    sys::ggml_set_output(p.as_ptr());
+                    ports.push((name.into_owned(), p));
+                } else if allocate.is_some_and(|k| name.starts_with(k)) {
+                    sys::ggml_set_output(p.as_ptr());
                 }
                 t = sys::ggml_get_next_tensor(ctx.ptr.as_ptr(), p.as_ptr());
             }
         }
+        let mut galloc = None;
+        if allocate.is_some() {
+            // SAFETY: a CPU buffer type is static; the allocator is freed in Drop, before ctx; the
+            // graph and its tensors live in ctx.
+            unsafe {
+                let g = NonNull::new(sys::ggml_gallocr_new(sys::ggml_backend_cpu_buffer_type()))
+                    .ok_or(GgmlError::Alloc {
+                        what: "ggml graph allocator",
+                        bytes: 0,
+                    })?;
+                if !sys::ggml_gallocr_alloc_graph(g.as_ptr(), graph.as_ptr()) {
+                    let bytes = sys::ggml_gallocr_get_buffer_size(g.as_ptr(), 0);
+                    sys::ggml_gallocr_free(g.as_ptr());
+                    return Err(GgmlError::Alloc {
+                        what: "ggml graph buffer",
+                        bytes,
+                    });
+                }
+                galloc = Some(g);
+            }
+        }
         Ok(OwnedGraph {
+            galloc,
             ctx,
             graph,
             work: Vec::new(),

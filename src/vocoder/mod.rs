@@ -214,33 +214,6 @@ impl Geometry {
         }
         Ok(g)
     }
-
-    /// Rough bytes of a graph's activations for a chunk of `n` frames (an overestimate).
-    fn graph_bytes(&self, n: usize) -> usize {
-        let kv = self.window - 1 + n;
-        let qkv = (self.n_head + 2 * self.n_head_kv) * self.head_dim;
-        let mut floats = n * 64 * (self.codebook_dim + self.latent + self.hidden);
-        floats += n * 4 * CODEBOOKS * self.half;
-        floats += self.n_layer
-            * (n * (24 * self.hidden + 6 * qkv + 6 * self.ff)
-                + 3 * kv * qkv
-                + 4 * self.n_head * kv * n);
-        let mut rows = n;
-        for _ in &self.upsampling_ratios {
-            rows *= 2;
-            floats += rows * self.latent * 40 + 8 * K7 * self.latent;
-        }
-        floats += rows * self.decoder_dim * 24 + 8 * K7 * self.latent;
-        let mut c = self.decoder_dim;
-        for &r in &self.upsample_rates {
-            floats += rows * c * 8 + rows * r * c * 8;
-            rows *= r;
-            c /= 2;
-            floats += 3 * (rows * c * 40) + 2 * 6 * 13 * c;
-        }
-        floats += rows * c * 32 + 16 * K7 * c;
-        floats * 4 + (8 << 20)
-    }
 }
 
 /// The stateful decoder of one stream: weights, graphs and the stream's state.
@@ -587,6 +560,11 @@ impl Vocoder {
     /// Records every stage's output of the following calls (see [`STAGES`]) when `on`; this
     /// allocates and is meant for tests.
     pub fn set_capture(&mut self, on: bool) {
+        if on != self.capture.is_some() {
+            // Graphs keep the stage tensors whole only when capturing (else their memory is
+            // reused): rebuild them on next use.
+            self.graphs.iter_mut().for_each(|g| *g = None);
+        }
         self.capture = on.then(BTreeMap::new);
     }
 
@@ -600,7 +578,8 @@ impl Vocoder {
 
     fn ensure_graph(&mut self, n: usize) -> Result<(), GgmlError> {
         if self.graphs[n - 1].is_none() {
-            let g = build_chunk(&self.weights, &self.state, &self.geometry, n)?;
+            let keep = self.capture.is_some();
+            let g = build_chunk(&self.weights, &self.state, &self.geometry, n, keep)?;
             self.graphs[n - 1] = Some(g);
         }
         Ok(())
@@ -814,11 +793,17 @@ impl<'a> Builder<'a> {
 /// `in.codes_rest` (`15n` row indices into the stacked codebooks 1..15, frame-major), `in.pos`
 /// (the frames' positions) and `in.mask` (`[window − 1 + n, n]` attention mask); output `out.wav`
 /// (`n · samples_per_frame` samples), stages `stage.*`; the state is written back last.
-fn build_chunk(w: &Context, s: &Context, g: &Geometry, n: usize) -> Result<OwnedGraph, GgmlError> {
+fn build_chunk(
+    w: &Context,
+    s: &Context,
+    g: &Geometry,
+    n: usize,
+    keep_stages: bool,
+) -> Result<OwnedGraph, GgmlError> {
     // SAFETY: the graph reads the weights of `w` and reads and writes the state of `s`, which
     // `Vocoder` owns, never resets (reset only writes values) and drops after its graphs.
     unsafe {
-        OwnedGraph::build(g.graph_bytes(n), |c| {
+        OwnedGraph::build_allocated(keep_stages.then_some("stage."), |c| {
             build_nodes(
                 &mut Builder {
                     c,
