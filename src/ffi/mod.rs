@@ -1370,11 +1370,17 @@ impl OwnedGraph {
             let mut t = sys::ggml_get_first_tensor(ctx.ptr.as_ptr());
             while let Some(p) = NonNull::new(t) {
                 let name = CStr::from_ptr(sys::ggml_get_name(p.as_ptr())).to_string_lossy();
+                let is_leaf = (*p.as_ptr()).op == sys::GGML_OP_NONE;
                 if name.starts_with("in.") {
-                    sys::ggml_set_input(p.as_ptr());
+                    // ggml asserts that inputs are leaves; an op named in.* is an ordinary node.
+                    if allocate.is_some() && is_leaf {
+                        sys::ggml_set_input(p.as_ptr());
+                    }
                     ports.push((name.into_owned(), p));
                 } else if name.starts_with("out.") {
-                    sys::ggml_set_output(p.as_ptr());
+                    if allocate.is_some() {
+                        sys::ggml_set_output(p.as_ptr());
+                    }
                     ports.push((name.into_owned(), p));
                 } else if allocate.is_some_and(|k| name.starts_with(k)) {
                     sys::ggml_set_output(p.as_ptr());
