@@ -461,7 +461,9 @@ fn pin(plan: &StagePlan) -> Result<Threadpool, GgmlError> {
         // A failure to pin leaves the thread unpinned; it still runs.
         let _ = core_affinity::set_for_current(core_affinity::CoreId { id: c });
     }
-    Threadpool::new(plan.threads.max(1), &plan.cores)
+    // The talker and the code predictor share their cores: their idle workers must sleep, not
+    // spin on the core the other stage is computing on.
+    Threadpool::with_poll(plan.threads.max(1), &plan.cores, Some(0))
 }
 
 /// One utterance, planned: its prompt, options and report.

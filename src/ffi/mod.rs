@@ -263,6 +263,17 @@ impl Threadpool {
     /// A pool of `n_threads` workers (the calling thread counts as one), pinned to `cores` when
     /// that is not empty.
     pub fn new(n_threads: usize, cores: &[usize]) -> Result<Self, GgmlError> {
+        Self::with_poll(n_threads, cores, None)
+    }
+
+    /// As [`Threadpool::new`], with ggml's polling level (0: idle workers sleep at once instead of
+    /// spinning; ggml's default, 50, spins a while for the next graph). Pools that share cores
+    /// with another stage should not spin.
+    pub fn with_poll(
+        n_threads: usize,
+        cores: &[usize],
+        poll: Option<u32>,
+    ) -> Result<Self, GgmlError> {
         let err = || GgmlError::Threadpool {
             n_threads,
             cores: cores.to_vec(),
@@ -274,6 +285,9 @@ impl Threadpool {
         // index was checked above.
         let ptr = unsafe {
             let mut params = sys::ggml_threadpool_params_default(n_threads as i32);
+            if let Some(p) = poll {
+                params.poll = p;
+            }
             if !cores.is_empty() {
                 params.cpumask = [false; 512];
                 for &c in cores {
