@@ -280,7 +280,7 @@ fn full_size_decoder_streams_the_same_in_any_chunking() {
     // The random decoder is not calibrated like the oracle's (its final conv is not rescaled),
     // so most output samples clamp at ±1: compare every stage before the clamp, relative to its
     // peak, from the capture.
-    let mut chunks = |sizes: &mut dyn FnMut() -> usize| {
+    let chunks = |sizes: &mut dyn FnMut() -> usize| {
         let mut v = Vec::new();
         let mut left = N;
         while left > 0 {

@@ -25,7 +25,7 @@
 //!   the decoder, which stops the code predictor, which stops the talker.
 //! - Determinism: the codes of a request depend only on the request (seed included), never on
 //!   thread timing; the decoder's chunking is fixed (1 frame, then `decoder_chunk` at a time), so
-//!   the samples are too. [`serial::run`] computes the same samples on one thread.
+//!   the samples are too. [`serial::Serial`] computes the same samples on one thread.
 //! - Dropping the engine stops and joins its threads.
 
 pub mod serial;
@@ -474,7 +474,7 @@ pub(crate) struct Utterance {
     pub report: SegmentReport,
 }
 
-/// Splits and builds a request's utterances (shared by the engine and [`serial::run`]).
+/// Splits and builds a request's utterances (shared by the engine and [`serial::Serial`]).
 pub(crate) fn plan_request(
     talker: &Talker,
     req: &Request,
