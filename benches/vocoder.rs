@@ -1,6 +1,7 @@
 //! The streaming decoder on the full-size geometry: ms per frame when fed 1 frame per call and 4
-//! frames per call, on 1 and 2 threads, with f32 and f16 weights. The 1-frame, 1-thread, f32 case
-//! is the in-run baseline; the decoder's ≈ 5 GFLOP per frame (MODEL-NOTES.md §7) gives GFLOP/s.
+//! frames per call, on 1 and 2 threads, with f32 and f16 weights, and with every matrix as q8_0
+//! at load. The 1-frame, 1-thread, f32 case is the in-run baseline; the decoder's ≈ 5 GFLOP per
+//! frame (MODEL-NOTES.md §7) gives GFLOP/s.
 //!
 //! Run with: `QTTS_BENCH_MODELS=<dir with mmproj-f32.gguf, mmproj-f16.gguf> cargo bench --bench vocoder`
 //! (without it, the models are made once under the target directory, as in `benches/code_predictor.rs`).
@@ -23,16 +24,22 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("decoder, per frame");
     g.sample_size(10);
     g.throughput(Throughput::Elements(1));
-    for ty in [OutType::F32, OutType::F16] {
+    // f32 and f16 files as stored, then the f32 file with every matrix as q8_0 at load.
+    for (ty, q8) in [
+        (OutType::F32, false),
+        (OutType::F16, false),
+        (OutType::F32, true),
+    ] {
         let f = GgufFile::open(dir.join(format!("mmproj-{}.gguf", ty.name()))).unwrap();
-        let mut voc = Vocoder::load(&f).unwrap();
+        let mut voc = Vocoder::load_with(&f, q8.then_some(qtts::gguf::GgmlType::Q8_0)).unwrap();
+        let label = if q8 { "q8_0 matrices" } else { ty.name() };
         for threads in [1, 2] {
             let pool = Threadpool::new(threads, &[]).unwrap();
             for chunk in [1usize, 4] {
                 g.bench_function(
                     format!(
                         "{} weights, {threads} thread(s), {chunk} frame(s) per call",
-                        ty.name()
+                        label
                     ),
                     |b| {
                         let mut t = 0;

@@ -232,6 +232,27 @@ fn reduced_precision_files_decode_close_to_the_oracle() {
         eprintln!("{ty:?}: wav max abs error {e:.2e}");
         assert!(e < tol, "{ty:?}: waveform off by {e}");
     }
+    // Every matrix as q8_0 at load (convs included), from the f32 file: close to the oracle, and
+    // its signal-to-noise ratio against the exact decode reported.
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let f = GgufFile::open(&out.mmproj).unwrap();
+    let exact = decode(&mut Vocoder::load(&f).unwrap(), &pool, &codes, &[1, 4]);
+    let mut q8 = Vocoder::load_with(&f, Some(qtts::gguf::GgmlType::Q8_0)).unwrap();
+    let wav = decode(&mut q8, &pool, &codes, &[1, 4]);
+    let e = max_abs(&wav, &o["wav"]);
+    let noise: f64 = wav
+        .iter()
+        .zip(&exact)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let signal: f64 = exact.iter().map(|&a| (a as f64).powi(2)).sum();
+    let snr = 10.0 * (signal / noise.max(1e-30)).log10();
+    eprintln!("q8_0 matrices at load: wav max abs error {e:.2e}, SNR {snr:.1} dB against f32");
+    assert!(
+        e < 0.15 && snr > 20.0,
+        "q8_0 matrices: off by {e}, SNR {snr} dB"
+    );
+    assert!(wav != exact, "the matrices were not quantized");
 }
 
 /// At the full-size decoder geometry (8 layers of 16 heads, widths 512/1024/1536, window 72),

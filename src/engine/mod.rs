@@ -152,6 +152,8 @@ pub struct EngineConfig {
     pub segment_tokens: usize,
     /// The code predictor's output heads on q8_0 rows (faster, not bit-exact).
     pub q8_heads: bool,
+    /// The decoder's conv and linear matrices as q8_0 (faster, not exact; PERFORMANCE.md).
+    pub decoder_q8: bool,
 }
 
 impl Default for EngineConfig {
@@ -164,6 +166,7 @@ impl Default for EngineConfig {
             decoder_chunk: 2,
             segment_tokens: crate::text::split::DEFAULT_MAX_TOKENS,
             q8_heads: false,
+            decoder_q8: false,
         }
     }
 }
@@ -961,7 +964,10 @@ struct Active {
 fn decoder_thread(files: ModelFiles, cfg: EngineConfig, ready: Ready, rx: Receiver<DecMsg>) {
     let setup = (|| -> Result<(Threadpool, Vocoder), EngineError> {
         let pool = pin(&cfg.plan.decoder)?;
-        let mut voc = Vocoder::load(&GgufFile::open(&files.mmproj)?)?;
+        let mut voc = Vocoder::load_with(
+            &GgufFile::open(&files.mmproj)?,
+            cfg.decoder_q8.then_some(crate::gguf::GgmlType::Q8_0),
+        )?;
         voc.set_max_chunk(cfg.decoder_chunk.max(1));
         Ok((pool, voc))
     })();

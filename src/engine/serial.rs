@@ -36,7 +36,10 @@ impl Serial {
         if config.q8_heads {
             cp.use_q8_heads()?;
         }
-        let mut voc = Vocoder::load(&mmproj)?;
+        let mut voc = Vocoder::load_with(
+            &mmproj,
+            config.decoder_q8.then_some(crate::gguf::GgmlType::Q8_0),
+        )?;
         voc.set_max_chunk(config.decoder_chunk.max(1));
         Ok(Serial {
             talker: Talker::load(&files.talker)?,

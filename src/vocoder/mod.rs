@@ -253,6 +253,9 @@ fn gather(data: &[u8], es: usize, n: usize, index: impl Fn(usize) -> usize) -> V
 struct Loader<'f> {
     f: &'f GgufFile,
     w: Context,
+    /// Store conv, transposed-conv and linear matrices in this type when their rows are whole
+    /// blocks (see [`Vocoder::load_with`]).
+    matrices: Option<GgmlType>,
 }
 
 impl Loader<'_> {
@@ -282,11 +285,39 @@ impl Loader<'_> {
         Ok(())
     }
 
-    /// A tensor copied as it is, with shape `ne` (same element count).
+    /// A matrix `[cols, rows]`, converted to the requested matrix type when its rows are whole
+    /// blocks of it and it is stored as f32 or f16; else as it is.
+    fn put_matrix(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        ne: [usize; 2],
+        data: &[u8],
+    ) -> Result<(), ModelError> {
+        match self.matrices {
+            Some(to)
+                if to != ty
+                    && matches!(ty, GgmlType::F32 | GgmlType::F16)
+                    && (ne[0] as u64).is_multiple_of(to.block_size()) =>
+            {
+                let v =
+                    crate::ffi::dequantize(ty, data, ne[0] * ne[1]).map_err(ModelError::from)?;
+                let q = crate::ffi::quantize(to, &v, ne[0]).map_err(ModelError::from)?;
+                self.put(name, to, &ne, &q)
+            }
+            _ => self.put(name, ty, &ne, data),
+        }
+    }
+
+    /// A tensor copied as it is, with shape `ne` (same element count); 2-D matrices (not
+    /// codebooks) go through [`Loader::put_matrix`].
     fn copy(&self, name: &str, ne: &[usize]) -> Result<(), ModelError> {
         let (ty, data, found) = self.source(name)?;
         if found.iter().product::<usize>() != ne.iter().product::<usize>() {
             return Err(self.shape_err(name, ne, &found));
+        }
+        if ne.len() == 2 && ne[1] > 1 && !name.contains("codebook") {
+            return self.put_matrix(name, ty, [ne[0], ne[1]], data);
         }
         self.put(name, ty, ne, data)
     }
@@ -298,7 +329,11 @@ impl Loader<'_> {
         if found != [k, c_in, c_out] || !matches!(ty, GgmlType::F32 | GgmlType::F16) {
             return Err(self.shape_err(name, &[k, c_in, c_out], &found));
         }
-        self.put(name, ty, &[k * c_in, c_out], data)
+        // im2col reads only the kernel's shape: a small f32 stand-in `[k, c_in]` carries it,
+        // whatever the kernel matrix's type.
+        let shape = vec![0u8; 4 * k * c_in];
+        self.put(&format!("{name}.kshape"), GgmlType::F32, &[k, c_in], &shape)?;
+        self.put_matrix(name, ty, [k * c_in, c_out], data)
     }
 
     /// A depthwise kernel (`[k, 1, c]`) as `k` f32 vectors `<name>.tap{j}` `[c]`.
@@ -341,7 +376,7 @@ impl Loader<'_> {
                 let (o, j) = (rest % c_out, rest / c_out);
                 (j0 + j) + k * (o + c_out * c)
             });
-            self.put(&format!("{name}.{part}"), ty, &[c_in, r * c_out], &bytes)?;
+            self.put_matrix(&format!("{name}.{part}"), ty, [c_in, r * c_out], &bytes)?;
         }
         Ok(())
     }
@@ -351,6 +386,14 @@ impl Vocoder {
     /// Loads the decoder from a validated mmproj file (see [`crate::model::validate::check_mmproj`]),
     /// with a fresh stream state.
     pub fn load(f: &GgufFile) -> Result<Self, ModelError> {
+        Self::load_with(f, None)
+    }
+
+    /// As [`Vocoder::load`], storing the conv, transposed-conv and linear matrices as `matrices`
+    /// (`Some(GgmlType::Q8_0)`: ggml's integer dot products, a quarter of f32's memory, not exact;
+    /// see PERFORMANCE.md) where their rows are whole blocks and the file has them as f32 or f16.
+    /// Norms, biases, SnakeBeta, codebooks and depthwise taps stay f32.
+    pub fn load_with(f: &GgufFile, matrices: Option<GgmlType>) -> Result<Self, ModelError> {
         crate::model::validate::check_mmproj(f.path(), &f.header)?;
         let g = Geometry::read(f)?;
         let wav: Vec<_> = f
@@ -368,9 +411,11 @@ impl Vocoder {
             .map(|t| 4 * t.ne.iter().product::<u64>())
             .sum();
         let overhead = (wav.len() + 64) * 1024;
-        let w = Context::new((bytes + depthwise) as usize + overhead + (1 << 20))
+        // Kernel-shape stand-ins: at most 7 × 1536 floats per conv.
+        let shapes = 64 * 7 * 1536 * 4;
+        let w = Context::new((bytes + depthwise) as usize + shapes + overhead + (1 << 20))
             .map_err(ModelError::from)?;
-        let l = Loader { f, w };
+        let l = Loader { f, w, matrices };
         let p = "a.gen.wav";
         let (half, cd, lat, dd) = (g.half, g.codebook_dim, g.latent, g.decoder_dim);
         l.copy(
@@ -760,8 +805,14 @@ impl<'a> Builder<'a> {
         let y = match hist {
             Some(h) => {
                 let xp = self.with_context(x, h)?;
-                let c_in = x.ne()[0];
-                let shape = c.reshape(w, [k, c_in, w.ne()[1]])?;
+                let shape = self.wt(&format!("{name}.weight.kshape"))?;
+                if shape.ne()[0] != k {
+                    return Err(GgmlError::Shape {
+                        what: "conv kernel",
+                        expected: format!("{k} taps"),
+                        found: format!("{:?}", shape.ne()),
+                    });
+                }
                 let cols = c.im2col_1d(shape, c.cont(c.permute(xp, [1, 0, 2, 3])?)?, d)?;
                 c.mul_mat(w, cols)?
             }
