@@ -5,7 +5,9 @@
 //! Runs interleave (pipelined, serial) `QTTS_BENCH_RUNS` times (3) after one warm-up each; the
 //! medians and their ratio are printed, then the pipelined run's per-stage percentile table.
 //! Weights: `QTTS_BENCH_TYPE` (q4_k, q8_0, f16, f32; default q4_k), from `QTTS_BENCH_MODELS` or
-//! made once under the target directory.
+//! made once under the target directory. `QTTS_BENCH_DECODER_Q8=1` loads the decoder's matrices as
+//! q8_0; `QTTS_BENCH_PLAN=shared` gives the decoder 2 threads over both cores (the talker and the
+//! code predictor keep core 0) instead of the default plan.
 //!
 //! Run: `cargo bench --bench pipeline`
 
@@ -46,10 +48,20 @@ fn main() {
         mmproj: dir.join(format!("mmproj-{}.gguf", ty.name())),
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let config = EngineConfig::default();
+    let mut config = EngineConfig {
+        decoder_q8: env("QTTS_BENCH_DECODER_Q8", 0u8) == 1,
+        ..EngineConfig::default()
+    };
+    if std::env::var("QTTS_BENCH_PLAN").as_deref() == Ok("shared") && cores >= 2 {
+        config.plan.decoder = qtts::engine::StagePlan {
+            cores: (0..cores).collect(),
+            threads: cores,
+        };
+    }
     println!(
-        "pipeline bench: 0.6B CustomVoice random weights, {}, {frames} frames, {cores} cores, plan {:?}",
+        "pipeline bench: 0.6B CustomVoice random weights, {}, decoder q8_0 {}, {frames} frames, {cores} cores, plan {:?}",
         ty.name(),
+        config.decoder_q8,
         config.plan
     );
     let mut engine = Engine::load(&files, config.clone()).unwrap();

@@ -141,6 +141,9 @@ struct SpeakArgs {
     /// f32 KV cache, flash attention off: matches the float32 reference (slower).
     #[arg(long)]
     exact: bool,
+    /// The decoder's matrices as q8_0: about 2x faster decoding, not exact (PERFORMANCE.md).
+    #[arg(long)]
+    decoder_q8: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -287,6 +290,7 @@ fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
             .map(ThreadPlan::for_cores)
             .unwrap_or_else(ThreadPlan::detect),
         exact: args.exact,
+        decoder_q8: args.decoder_q8,
         ..EngineConfig::default()
     };
     Engine::load(&model.files, config).context("loading the engine")
