@@ -291,6 +291,22 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// A summary of nothing yet.
+    pub(crate) fn empty() -> Self {
+        Summary {
+            frames: 0,
+            samples: 0,
+            segments: Vec::new(),
+            stop: StopReason::Cancelled,
+            ttfa: None,
+            elapsed: Duration::ZERO,
+            generated: Duration::ZERO,
+            non_finite: 0,
+            codes: Vec::new(),
+            metrics: Metrics::default(),
+        }
+    }
+
     /// Seconds of audio.
     pub fn audio_seconds(&self) -> f64 {
         self.samples as f64 / crate::audio::SAMPLE_RATE as f64
@@ -588,38 +604,23 @@ impl Engine {
                 }
             }
         }
-        let mut engine = Engine {
-            jobs: Some(job_tx),
-            threads,
-            info: EngineInfo {
-                model_type: "",
-                size: String::new(),
-                speakers: vec![],
-                languages: vec![],
-                hidden: 0,
-            },
-            config,
-            generation: crate::model::config::GenerationConfig {
-                do_sample: true,
-                temperature: 0.9,
-                top_k: 50,
-                top_p: 1.0,
-                repetition_penalty: 1.05,
-                subtalker_dosample: true,
-                subtalker_temperature: 0.9,
-                subtalker_top_k: 50,
-                subtalker_top_p: 1.0,
-                max_new_tokens: 8192,
-            },
-        };
-        if let Some(e) = first_err {
-            return Err(e); // Drop joins the threads.
+        match (first_err, info) {
+            (None, Some(start)) => Ok(Engine {
+                jobs: Some(job_tx),
+                threads,
+                info: start.info,
+                config,
+                generation: start.generation,
+            }),
+            (e, _) => {
+                // Closing the job channel stops the talker, and with it the others.
+                drop(job_tx);
+                for t in threads {
+                    let _ = t.join();
+                }
+                Err(e.unwrap_or(EngineError::StageGone { stage: "talker" }))
+            }
         }
-        if let Some(i) = info {
-            engine.info = i.info;
-            engine.generation = i.generation;
-        }
-        Ok(engine)
     }
 
     /// What the model offers.
@@ -682,6 +683,20 @@ struct StartInfo {
 }
 
 type Ready = Sender<Result<Option<StartInfo>, EngineError>>;
+
+/// Tells `Engine::load` how a stage's setup went; the stage runs on only if it succeeded.
+fn announce<T>(ready: Ready, setup: Result<T, EngineError>) -> Option<T> {
+    match setup {
+        Ok(x) => {
+            let _ = ready.send(Ok(None));
+            Some(x)
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            None
+        }
+    }
+}
 
 fn talker_thread(
     files: ModelFiles,
@@ -875,17 +890,9 @@ fn cp_thread(
         }
         Ok((pool, cp))
     })();
-    let (pool, mut cp) = match setup {
-        Ok(x) => {
-            let _ = ready.send(Ok(None));
-            x
-        }
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
-        }
+    let Some((pool, mut cp)) = announce(ready, setup) else {
+        return;
     };
-    drop(ready);
     let mut metrics = Metrics::default();
     let mut sampler = Sampler::new(0);
     let mut params = SamplingParams::GREEDY;
@@ -971,17 +978,9 @@ fn decoder_thread(files: ModelFiles, cfg: EngineConfig, ready: Ready, rx: Receiv
         voc.set_max_chunk(cfg.decoder_chunk.max(1));
         Ok((pool, voc))
     })();
-    let (pool, mut voc) = match setup {
-        Ok(x) => {
-            let _ = ready.send(Ok(None));
-            x
-        }
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
-        }
+    let Some((pool, mut voc)) = announce(ready, setup) else {
+        return;
     };
-    drop(ready);
     let chunk = cfg.decoder_chunk.max(1);
     let mut pcm = vec![0.0f32; chunk * FRAME_SAMPLES];
     let mut active: Option<Active> = None;
@@ -1009,18 +1008,7 @@ fn decoder_thread(files: ModelFiles, cfg: EngineConfig, ready: Ready, rx: Receiv
                     error,
                     pending: Vec::with_capacity(chunk),
                     chunk: 1,
-                    summary: Summary {
-                        frames: 0,
-                        samples: 0,
-                        segments: Vec::new(),
-                        stop: StopReason::Cancelled,
-                        ttfa: None,
-                        elapsed: Duration::ZERO,
-                        generated: Duration::ZERO,
-                        non_finite: 0,
-                        codes: Vec::new(),
-                        metrics: Metrics::default(),
-                    },
+                    summary: Summary::empty(),
                 });
             }
             DecMsg::SegmentStart => {

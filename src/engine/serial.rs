@@ -2,7 +2,7 @@
 //! engine's output is tested against (bit for bit) and the baseline it is benchmarked against.
 
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{plan_request, EngineConfig, EngineError, ModelFiles, Request, Summary};
 use crate::audio::{AudioSink, FRAME_SAMPLES};
@@ -11,7 +11,7 @@ use crate::ffi::Threadpool;
 use crate::gguf::GgufFile;
 use crate::metrics::{record, Metrics};
 use crate::synth::{generate_codes, Flow};
-use crate::talker::{Session, StopReason, Talker};
+use crate::talker::{Session, Talker};
 use crate::vocoder::Vocoder;
 
 /// The three stages on one thread.
@@ -65,18 +65,7 @@ impl Serial {
         let never = AtomicBool::new(false);
         let utterances = plan_request(&self.talker, req, cfg.segment_tokens)?;
         let mut metrics = Metrics::default();
-        let mut summary = Summary {
-            frames: 0,
-            samples: 0,
-            segments: Vec::new(),
-            stop: StopReason::Cancelled,
-            ttfa: None,
-            elapsed: Duration::ZERO,
-            generated: Duration::ZERO,
-            non_finite: 0,
-            codes: Vec::new(),
-            metrics: Metrics::default(),
-        };
+        let mut summary = Summary::empty();
         let chunk = cfg.decoder_chunk.max(1);
         let mut pcm = vec![0.0; chunk * FRAME_SAMPLES];
         let mut non_finite = 0;
