@@ -7,7 +7,8 @@
 //! Weights: `QTTS_BENCH_TYPE` (q4_k, q8_0, f16, f32; default q4_k), from `QTTS_BENCH_MODELS` or
 //! made once under the target directory. `QTTS_BENCH_DECODER_Q8=1` loads the decoder's matrices as
 //! q8_0; `QTTS_BENCH_PLAN=shared` gives the decoder 2 threads over both cores (the talker and the
-//! code predictor keep core 0) instead of the default plan.
+//! code predictor keep core 0) instead of the default plan; `QTTS_BENCH_BURST=0` turns off the
+//! all-core first frame.
 //!
 //! Run: `cargo bench --bench pipeline`
 
@@ -50,6 +51,7 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut config = EngineConfig {
         decoder_q8: env("QTTS_BENCH_DECODER_Q8", 0u8) == 1,
+        burst: env("QTTS_BENCH_BURST", 1u8) == 1,
         ..EngineConfig::default()
     };
     if std::env::var("QTTS_BENCH_PLAN").as_deref() == Ok("shared") && cores >= 2 {
@@ -59,9 +61,10 @@ fn main() {
         };
     }
     println!(
-        "pipeline bench: 0.6B CustomVoice random weights, {}, decoder q8_0 {}, {frames} frames, {cores} cores, plan {:?}",
+        "pipeline bench: 0.6B CustomVoice random weights, {}, decoder q8_0 {}, burst {}, {frames} frames, {cores} cores, plan {:?}",
         ty.name(),
         config.decoder_q8,
+        config.burst,
         config.plan
     );
     let mut engine = Engine::load(&files, config.clone()).unwrap();

@@ -239,7 +239,8 @@ fn dropping_the_engine_joins_its_threads_and_errors_are_typed() {
     let before = threads();
     {
         let mut engine = Engine::load(&files(&out), config()).unwrap();
-        assert_eq!(threads(), before + 3);
+        // Three stage threads, plus the ggml workers of pools wider than one thread.
+        assert!(threads() >= before + 3);
         let mut req = Request::text("hi");
         req.voice.speaker = Some("nobody".into());
         let (r, _) = engine

@@ -124,6 +124,17 @@ impl ThreadPlan {
         }
     }
 
+    /// Every core of the plan, sorted.
+    pub fn all_cores(&self) -> Vec<usize> {
+        let mut all: Vec<usize> = [&self.talker, &self.cp, &self.decoder]
+            .iter()
+            .flat_map(|p| p.cores.iter().copied())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
     /// [`ThreadPlan::for_cores`] of the cores this process may use.
     pub fn detect() -> Self {
         let n = core_affinity::get_core_ids()
@@ -154,6 +165,9 @@ pub struct EngineConfig {
     pub q8_heads: bool,
     /// The decoder's conv and linear matrices as q8_0 (faster, not exact; PERFORMANCE.md).
     pub decoder_q8: bool,
+    /// Run the talker's prefill and each utterance's first code-predictor frame on every core of
+    /// the plan (the decoder has nothing to do then): a shorter time to first audio.
+    pub burst: bool,
 }
 
 impl Default for EngineConfig {
@@ -167,6 +181,7 @@ impl Default for EngineConfig {
             segment_tokens: crate::text::split::DEFAULT_MAX_TOKENS,
             q8_heads: false,
             decoder_q8: false,
+            burst: true,
         }
     }
 }
@@ -485,6 +500,16 @@ fn pin(plan: &StagePlan) -> Result<Threadpool, GgmlError> {
     Threadpool::with_poll(plan.threads.max(1), &plan.cores, Some(0))
 }
 
+/// The pool over every core of the plan for a stage's burst (see [`EngineConfig::burst`]), when
+/// that is wider than the stage's own.
+fn burst_pool(cfg: &EngineConfig, own: &StagePlan) -> Result<Option<Threadpool>, GgmlError> {
+    let all = cfg.plan.all_cores();
+    if !cfg.burst || all.len() <= own.threads.max(1) {
+        return Ok(None);
+    }
+    Threadpool::with_poll(all.len(), &all, Some(0)).map(Some)
+}
+
 /// One utterance, planned: its prompt, options and report.
 pub(crate) struct Utterance {
     pub prompt: Prompt,
@@ -707,12 +732,13 @@ fn talker_thread(
     reply_rx: Receiver<CpReply>,
     dec_tx: Sender<DecMsg>,
 ) {
-    let setup = (|| -> Result<(Threadpool, Talker), EngineError> {
+    let setup = (|| -> Result<(Threadpool, Option<Threadpool>, Talker), EngineError> {
         let pool = pin(&cfg.plan.talker)?;
+        let burst = burst_pool(&cfg, &cfg.plan.talker)?;
         let talker = Talker::load(&files.talker)?;
-        Ok((pool, talker))
+        Ok((pool, burst, talker))
     })();
-    let (pool, talker) = match setup {
+    let (pool, burst, talker) = match setup {
         Ok(x) => x,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -723,7 +749,7 @@ fn talker_thread(
         &talker,
         cfg.n_ctx,
         cfg.plan.talker.threads,
-        Some(&pool),
+        Some((&pool, burst.as_ref())),
         cfg.exact,
     ) {
         Ok(s) => s,
@@ -882,15 +908,16 @@ fn cp_thread(
     reply: Sender<CpReply>,
     dec_tx: Sender<DecMsg>,
 ) {
-    let setup = (|| -> Result<(Threadpool, CodePredictor), EngineError> {
+    let setup = (|| -> Result<(Threadpool, Option<Threadpool>, CodePredictor), EngineError> {
         let pool = pin(&cfg.plan.cp)?;
+        let burst = burst_pool(&cfg, &cfg.plan.cp)?;
         let mut cp = CodePredictor::load(&GgufFile::open(&files.mmproj)?)?;
         if cfg.q8_heads {
             cp.use_q8_heads()?;
         }
-        Ok((pool, cp))
+        Ok((pool, burst, cp))
     })();
-    let Some((pool, mut cp)) = announce(ready, setup) else {
+    let Some((pool, burst, mut cp)) = announce(ready, setup) else {
         return;
     };
     let mut metrics = Metrics::default();
@@ -910,6 +937,11 @@ fn cp_thread(
                 code0,
                 reseed,
             } => {
+                // An utterance's first frame: nothing to decode yet, every core is free.
+                let on = match (&reseed, &burst) {
+                    (Some(_), Some(b)) => b,
+                    _ => &pool,
+                };
                 if let Some((seed, p)) = reseed {
                     sampler = Sampler::new(seed);
                     params = p;
@@ -917,7 +949,7 @@ fn cp_thread(
                 let t = Instant::now();
                 let result = cp
                     .frame(
-                        &pool,
+                        on,
                         &hidden,
                         code0,
                         &mut |_, l| sampler.sample(l, &params),

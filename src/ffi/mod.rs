@@ -1222,8 +1222,14 @@ impl<'m> LlamaContext<'m> {
 
     /// Runs llama.cpp's graph on `pool` from now on (`pool` must outlive the context's use).
     pub fn attach_threadpool(&mut self, pool: &'m Threadpool) {
-        // SAFETY: both pointers are live; the lifetime ties the pool to the model's borrow.
-        unsafe { sys::llama_attach_threadpool(self.ptr.as_ptr(), pool.as_ptr(), pool.as_ptr()) }
+        self.attach_threadpools(pool, pool);
+    }
+
+    /// As [`LlamaContext::attach_threadpool`], with `batch` for batches of more than one row (the
+    /// prefill) and `pool` for single rows (the steps).
+    pub fn attach_threadpools(&mut self, pool: &'m Threadpool, batch: &'m Threadpool) {
+        // SAFETY: the pointers are live; the lifetime ties the pools to the model's borrow.
+        unsafe { sys::llama_attach_threadpool(self.ptr.as_ptr(), pool.as_ptr(), batch.as_ptr()) }
     }
 
     /// Decodes a batch of embedding rows.

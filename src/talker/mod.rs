@@ -654,18 +654,19 @@ pub struct Session<'t> {
 
 impl<'t> Session<'t> {
     /// A session of `n_ctx` positions (prompt plus frames) with `n_threads` llama.cpp threads, or
-    /// `pool`'s threads when given. `exact` keeps the KV cache in f32 with flash attention off
-    /// (matches the f32 reference to 1e-5; 229 KB per position for 0.6B, twice f16's).
+    /// `pool`'s threads when given (`pool.1`, when given, runs the prefill: a wider pool for the
+    /// moment the other stages are idle). `exact` keeps the KV cache in f32 with flash attention
+    /// off (matches the f32 reference to 1e-5; 229 KB per position for 0.6B, twice f16's).
     pub fn new(
         talker: &'t Talker,
         n_ctx: usize,
         n_threads: usize,
-        pool: Option<&'t Threadpool>,
+        pool: Option<(&'t Threadpool, Option<&'t Threadpool>)>,
         exact: bool,
     ) -> Result<Self, TalkerError> {
         let mut ctx = LlamaContext::with_kv(&talker.model, n_ctx as u32, n_threads, exact)?;
-        if let Some(pool) = pool {
-            ctx.attach_threadpool(pool);
+        if let Some((pool, batch)) = pool {
+            ctx.attach_threadpools(pool, batch.unwrap_or(pool));
         }
         let h = talker.n_embd;
         Ok(Session {
