@@ -14,9 +14,9 @@
 //! predictor alternate; the decoder overlaps them: frame N decodes while frame N+1 is predicted.
 //!
 //! Contract:
-//! - [`Engine::load`] starts the three threads, each of which loads its stage, pins itself to the
-//!   first core of its [`StagePlan`] and creates one persistent ggml threadpool over the plan's
-//!   cores. Load errors come back from `load`; nothing runs until then.
+//! - [`Engine::load`] starts the three threads, each of which loads its stage, creates one
+//!   persistent ggml threadpool pinned over its [`StagePlan`]'s cores, and pins itself where ggml
+//!   puts the calling thread. Load errors come back from `load`; nothing runs until then.
 //! - One request at a time: [`Engine::synthesize`] takes `&mut self` and returns a [`Synthesis`],
 //!   whose [`Synthesis::wait`] gives the [`Summary`] and the sink back. [`Canceller::cancel`]
 //!   (from any thread) stops the request between frames: playback is flushed, every stage goes
@@ -64,8 +64,8 @@ pub struct ModelFiles {
 /// Where one stage runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StagePlan {
-    /// Cores: the stage's thread is pinned to the first, its ggml threadpool to all (empty: no
-    /// pinning).
+    /// Cores: the stage's ggml threadpool is pinned to them, one thread per core, the stage's own
+    /// thread on the last one used (ggml's placement); empty: no pinning.
     pub cores: Vec<usize>,
     /// ggml threads (the stage's own thread counts as one).
     pub threads: usize,
@@ -491,23 +491,37 @@ pub struct Engine {
 }
 
 fn pin(plan: &StagePlan) -> Result<Threadpool, GgmlError> {
-    if let Some(&c) = plan.cores.first() {
+    // The talker and the code predictor share their cores: their idle workers must sleep, not
+    // spin on the core the other stage is computing on. ggml places the pool's workers on the
+    // first cores of the set and the calling thread (this stage's) on the last.
+    let pool = Threadpool::with_poll(plan.threads.max(1), &plan.cores, Some(0))?;
+    pin_thread(plan);
+    Ok(pool)
+}
+
+/// Pins the calling thread where ggml's strict pool of `plan` puts it: the last core it uses.
+fn pin_thread(plan: &StagePlan) {
+    if let Some(&c) = plan
+        .cores
+        .get(plan.threads.max(1) - 1)
+        .or(plan.cores.last())
+    {
         // A failure to pin leaves the thread unpinned; it still runs.
         let _ = core_affinity::set_for_current(core_affinity::CoreId { id: c });
     }
-    // The talker and the code predictor share their cores: their idle workers must sleep, not
-    // spin on the core the other stage is computing on.
-    Threadpool::with_poll(plan.threads.max(1), &plan.cores, Some(0))
 }
 
 /// The pool over every core of the plan for a stage's burst (see [`EngineConfig::burst`]), when
-/// that is wider than the stage's own.
+/// that is wider than the stage's own. Not strict: its workers go to whichever core is idle (the
+/// decoder's, at the start of an utterance), and the stage's thread is pinned back to its own.
 fn burst_pool(cfg: &EngineConfig, own: &StagePlan) -> Result<Option<Threadpool>, GgmlError> {
     let all = cfg.plan.all_cores();
     if !cfg.burst || all.len() <= own.threads.max(1) {
         return Ok(None);
     }
-    Threadpool::with_poll(all.len(), &all, Some(0)).map(Some)
+    let pool = Threadpool::with_options(all.len(), &all, Some(0), false)?;
+    pin_thread(own);
+    Ok(Some(pool))
 }
 
 /// One utterance, planned: its prompt, options and report.

@@ -274,6 +274,18 @@ impl Threadpool {
         cores: &[usize],
         poll: Option<u32>,
     ) -> Result<Self, GgmlError> {
+        Self::with_options(n_threads, cores, poll, true)
+    }
+
+    /// As [`Threadpool::with_poll`]; `strict` pins each thread to one core of `cores` (ggml gives
+    /// the workers the first cores and the calling thread the last), else every thread, the
+    /// calling one included, may run on any of them.
+    pub fn with_options(
+        n_threads: usize,
+        cores: &[usize],
+        poll: Option<u32>,
+        strict: bool,
+    ) -> Result<Self, GgmlError> {
         let err = || GgmlError::Threadpool {
             n_threads,
             cores: cores.to_vec(),
@@ -293,7 +305,7 @@ impl Threadpool {
                 for &c in cores {
                     params.cpumask[c] = true;
                 }
-                params.strict_cpu = true;
+                params.strict_cpu = strict;
             }
             sys::ggml_threadpool_new(&mut params)
         };
