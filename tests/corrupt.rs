@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use qtts::gguf::{self, GgmlType, GgufFile, Plan, Value, Writer};
+use qtts::gguf::{self, GgmlType, GgufFile, Value};
 use qtts::model::convert::{convert, OutType};
 use qtts::ModelError;
 
@@ -380,40 +380,6 @@ fn tiny() -> Converted {
     }
 }
 
-/// Rewrites `src` into `dst` after `edit` changes its metadata and tensor table (tensor data is
-/// copied where the size is unchanged, zeros elsewhere).
-fn rewrite(
-    src: &Path,
-    dst: &Path,
-    edit: impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<u64>, GgmlType)>),
-) {
-    let f = GgufFile::open(src).unwrap();
-    let mut kv = f.header.kv.clone();
-    let mut tensors: Vec<_> = f
-        .header
-        .tensors
-        .iter()
-        .map(|t| (t.name.clone(), t.ne.clone(), t.ty))
-        .collect();
-    edit(&mut kv, &mut tensors);
-    let mut plan = Plan::default();
-    for (k, v) in kv {
-        plan.set(k, v);
-    }
-    for (n, ne, ty) in &tensors {
-        plan.add_tensor(n.clone(), ne.clone(), *ty);
-    }
-    let mut w = Writer::create(dst, &plan).unwrap();
-    for (n, ne, ty) in &tensors {
-        let size = ty.nbytes(ne).unwrap() as usize;
-        match f.tensor_data(n) {
-            Some(d) if d.len() == size => w.write_tensor(n, d).unwrap(),
-            _ => w.write_tensor(n, &vec![0u8; size]).unwrap(),
-        }
-    }
-    w.finish().unwrap();
-}
-
 fn set(kv: &mut [(String, Value)], key: &str, v: Value) {
     kv.iter_mut().find(|(k, _)| k == key).unwrap().1 = v;
 }
@@ -643,7 +609,7 @@ fn inconsistent_models_are_rejected_before_llama_cpp() {
         for (name, edit, expect) in cases {
             let dst = c.dir.join(format!("case{n}.gguf"));
             n += 1;
-            rewrite(src, &dst, edit);
+            common::rewrite(src, &dst, edit);
             let err = if is_talker {
                 qtts::ffi::LlamaModel::load(&dst).map(|_| ()).unwrap_err()
             } else {

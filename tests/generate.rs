@@ -382,3 +382,84 @@ fn seeds_reproduce_sampled_codes() {
     }
     assert!(a.iter().flatten().all(|&c| c < 2048));
 }
+
+/// A talker GGUF without the checkpoint's config (as llama.cpp's own conversions are) is read
+/// from its token names: the same special and codec ids, so the same prompt and the same greedy
+/// codes as the file that carries the config; a Base model without named speakers.
+#[test]
+fn a_talker_without_the_carried_config_reads_its_ids_from_the_vocabulary() {
+    let (tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let bare = tmp.path().join("bare-talker.gguf");
+    common::rewrite(&out.talker, &bare, |kv, _| {
+        kv.retain(|(k, _)| !k.starts_with("qtts.hf."))
+    });
+    let full = Talker::load(&out.talker).unwrap();
+    let talker = Talker::load(&bare).unwrap();
+    let (a, b) = (full.config(), talker.config());
+    assert_eq!(b.tts_model_type, qtts::model::config::ModelType::Base);
+    assert!(talker.speakers().is_empty());
+    assert_eq!(talker.languages(), full.languages());
+    assert_eq!(
+        (
+            a.tts_pad_token_id,
+            a.tts_bos_token_id,
+            a.tts_eos_token_id,
+            a.im_start_token_id
+        ),
+        (
+            b.tts_pad_token_id,
+            b.tts_bos_token_id,
+            b.tts_eos_token_id,
+            b.im_start_token_id
+        )
+    );
+    let (ta, tb) = (&a.talker_config, &b.talker_config);
+    assert_eq!(
+        (
+            ta.codec_pad_id,
+            ta.codec_bos_id,
+            ta.codec_eos_token_id,
+            ta.codec_think_id
+        ),
+        (
+            tb.codec_pad_id,
+            tb.codec_bos_id,
+            tb.codec_eos_token_id,
+            tb.codec_think_id
+        )
+    );
+    assert_eq!(ta.codec_language_id, tb.codec_language_id);
+    assert_eq!(talker.generation_config(), full.generation_config());
+    let voice = Voice {
+        language: Some("english".into()),
+        ..Voice::default()
+    };
+    let text = TextInput::Text("Same ids.".into());
+    for mode in [TextMode::Streaming, TextMode::NonStreaming] {
+        let p = talker.prompt(&text, &voice, mode).unwrap();
+        assert_eq!(p, full.prompt(&text, &voice, mode).unwrap());
+    }
+    let p = talker.prompt(&text, &voice, TextMode::Streaming).unwrap();
+    let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let mut codes = Vec::new();
+    for t in [&full, &talker] {
+        let mut s = Session::new(t, 64, 1, None, true).unwrap();
+        let mut got = Vec::new();
+        generate_codes(
+            &mut s,
+            &mut cp,
+            &pool,
+            &p,
+            &greedy(4),
+            &SamplingParams::GREEDY,
+            &mut |c| {
+                got.push(*c);
+                Flow::Continue
+            },
+        )
+        .unwrap();
+        codes.push(got);
+    }
+    assert_eq!(codes[0], codes[1]);
+}

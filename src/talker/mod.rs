@@ -264,9 +264,83 @@ fn missing_key(path: &Path, key: &str) -> ModelError {
     }
 }
 
+/// The config of a talker GGUF that does not carry the checkpoint's (llama.cpp's published
+/// conversions): the special ids, codec ids and languages read from the token names of its
+/// unified vocabulary (`<tts_pad>`, `<|codec_bos|>`, `<|codec_language_english|>`, ...), the rest
+/// from the released Base config of its width (llama.cpp's helper speaks with Base models only;
+/// there are no named speakers), and the released `generation_config.json` (the same for all five
+/// checkpoints).
+fn config_from_vocab(
+    path: &Path,
+    tokens: &[String],
+    n_embd: usize,
+) -> Result<(TtsConfig, GenerationConfig), ModelError> {
+    use crate::model::config::Preset;
+    let n_text = tokens
+        .len()
+        .checked_sub(CODEC_VOCAB)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| ModelError::BadKey {
+            path: path.into(),
+            key: "tokenizer.ggml.tokens".into(),
+            expected: format!("text tokens followed by {CODEC_VOCAB} codec tokens"),
+            found: format!("{} tokens", tokens.len()),
+        })?;
+    let preset = if n_embd >= 2048 {
+        Preset::Large17Base
+    } else {
+        Preset::Small06Base
+    };
+    let mut cfg = preset.config();
+    let find = |name: &str, range: std::ops::Range<usize>| {
+        tokens[range.clone()]
+            .iter()
+            .position(|t| t == name)
+            .map(|i| i as u32)
+            .ok_or_else(|| ModelError::BadKey {
+                path: path.into(),
+                key: "tokenizer.ggml.tokens".into(),
+                expected: format!("a token {name}"),
+                found: "none".into(),
+            })
+    };
+    let text = 0..n_text;
+    let codec = n_text..tokens.len();
+    let tts = &mut cfg.tts;
+    tts.im_start_token_id = find("<|im_start|>", text.clone())?;
+    tts.im_end_token_id = find("<|im_end|>", text.clone())?;
+    tts.assistant_token_id = find("assistant", text.clone())?;
+    tts.tts_pad_token_id = find("<tts_pad>", text.clone())?;
+    tts.tts_bos_token_id = find("<tts_text_bos>", text.clone())?;
+    tts.tts_eos_token_id = find("<tts_text_eod>", text)?;
+    tts.tts_model_size = if n_embd >= 2048 { "1b7" } else { "0b6" }.into();
+    let t = &mut tts.talker_config;
+    t.text_vocab_size = n_text as u32;
+    t.hidden_size = n_embd as u32;
+    t.codec_pad_id = find("<|codec_pad|>", codec.clone())?;
+    t.codec_bos_id = find("<|codec_bos|>", codec.clone())?;
+    t.codec_eos_token_id = find("<|codec_eos_token|>", codec.clone())?;
+    t.codec_think_id = find("<|codec_think|>", codec.clone())?;
+    t.codec_nothink_id = find("<|codec_nothink|>", codec.clone())?;
+    t.codec_think_bos_id = find("<|codec_think_bos|>", codec.clone())?;
+    t.codec_think_eos_id = find("<|codec_think_eos|>", codec.clone())?;
+    t.codec_language_id = tokens[codec]
+        .iter()
+        .enumerate()
+        .filter_map(|(i, tok)| {
+            let name = tok.strip_prefix("<|codec_language_")?.strip_suffix("|>")?;
+            Some((name.to_owned(), i as u32))
+        })
+        .collect();
+    t.spk_id.clear();
+    t.spk_is_dialect.clear();
+    Ok((cfg.tts, cfg.generation))
+}
+
 impl Talker {
-    /// Loads a talker GGUF written by `qtts convert` (it carries the checkpoint's config JSON,
-    /// which names the speakers, languages and special ids).
+    /// Loads a talker GGUF: one written by `qtts convert` carries the checkpoint's config JSON
+    /// (speakers, languages, special ids); for one without it (llama.cpp's own conversions) they
+    /// are read from the vocabulary's token names (see `config_from_vocab`).
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
         let path = path.as_ref();
         let model = LlamaModel::load(path)?;
@@ -277,16 +351,24 @@ impl Talker {
                 .and_then(Value::as_str)
                 .ok_or_else(|| missing_key(path, key))
         };
-        let config: TtsConfig = parse_json(text(crate::model::convert::KEY_HF_CONFIG)?, path)?;
-        let generation: GenerationConfig =
-            parse_json(text(crate::model::convert::KEY_HF_GENERATION)?, path)?;
-        let n_text = config.talker_config.text_vocab_size as usize;
         let n_embd = model.n_embd();
         let strings = |key: &str| match h.get(key).and_then(Value::as_array) {
             Some(crate::gguf::Array::Str(v)) => Ok(v),
             _ => Err(missing_key(path, key)),
         };
         let tokens = strings("tokenizer.ggml.tokens")?;
+        let (config, generation) = match h.get(crate::model::convert::KEY_HF_CONFIG) {
+            Some(_) => (
+                parse_json::<TtsConfig>(text(crate::model::convert::KEY_HF_CONFIG)?, path)?,
+                parse_json::<GenerationConfig>(
+                    text(crate::model::convert::KEY_HF_GENERATION)?,
+                    path,
+                )?,
+            ),
+            // A file without the checkpoint's config (llama.cpp's own conversions).
+            None => config_from_vocab(path, tokens, n_embd)?,
+        };
+        let n_text = config.talker_config.text_vocab_size as usize;
         let merges = strings("tokenizer.ggml.merges")?;
         let types = match h.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
             Some(crate::gguf::Array::I32(v)) => v,

@@ -107,3 +107,40 @@ pub fn tiny_random(
     .unwrap();
     (tmp, out)
 }
+
+/// Rewrites `src` into `dst` after `edit` changes its metadata and tensor table (tensor data is
+/// copied where the size is unchanged, zeros elsewhere).
+pub fn rewrite(
+    src: &std::path::Path,
+    dst: &std::path::Path,
+    edit: impl FnOnce(
+        &mut Vec<(String, qtts::gguf::Value)>,
+        &mut Vec<(String, Vec<u64>, qtts::gguf::GgmlType)>,
+    ),
+) {
+    let f = qtts::gguf::GgufFile::open(src).unwrap();
+    let mut kv = f.header.kv.clone();
+    let mut tensors: Vec<_> = f
+        .header
+        .tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.ne.clone(), t.ty))
+        .collect();
+    edit(&mut kv, &mut tensors);
+    let mut plan = qtts::gguf::Plan::default();
+    for (k, v) in kv {
+        plan.set(k, v);
+    }
+    for (n, ne, ty) in &tensors {
+        plan.add_tensor(n.clone(), ne.clone(), *ty);
+    }
+    let mut w = qtts::gguf::Writer::create(dst, &plan).unwrap();
+    for (n, ne, ty) in &tensors {
+        let size = ty.nbytes(ne).unwrap() as usize;
+        match f.tensor_data(n) {
+            Some(d) if d.len() == size => w.write_tensor(n, d).unwrap(),
+            _ => w.write_tensor(n, &vec![0u8; size]).unwrap(),
+        }
+    }
+    w.finish().unwrap();
+}
