@@ -228,10 +228,17 @@ fn cancels_at_random_points_leave_nothing_behind() {
         let (summary, _) = s.wait();
         stops.push(t.elapsed());
         let summary = summary.unwrap_or_else(|e| panic!("cancel {i}: {e}"));
-        assert!(summary.frames <= 40);
-        // A request that finished before the cancel ends normally.
-        if summary.frames < 40 {
+        // The tiny random model may sample end-of-speech: the reference says where it stops.
+        assert!(summary.frames <= reference.frames);
+        if summary.frames < reference.frames {
             assert_eq!(summary.stop, StopReason::Cancelled);
+        } else {
+            // Cancelled after the last frame: either ending is right.
+            assert!(
+                summary.stop == reference.stop || summary.stop == StopReason::Cancelled,
+                "cancel {i}: {:?}",
+                summary.stop
+            );
         }
     }
     stops.sort();
