@@ -1,0 +1,185 @@
+//! What quantization costs, teacher-forced against f32 on the same inputs (full-size random-weight
+//! 0.6B CustomVoice): the talker's codec logits and the code predictor's logits, cosine similarity
+//! (mean and worst row) and top-1 agreement, at q8_0 and q4_k; and the decoder's waveform SNR with
+//! its matrices as q8_0 (`EngineConfig::decoder_q8`).
+//!
+//! The f32 run generates `QTTS_BENCH_FRAMES` frames (16) greedily; its prompt rows, step inputs,
+//! talker hidden states and codes are then fed to the quantized models.
+//!
+//! Run: `cargo bench --bench quality`
+
+#[path = "common/mod.rs"]
+mod common;
+
+use qtts::code_predictor::CodePredictor;
+use qtts::ffi::{EmbdBatch, LlamaContext, Threadpool};
+use qtts::gguf::{GgmlType, GgufFile};
+use qtts::model::convert::OutType;
+use qtts::sampling::{argmax, SamplingParams};
+use qtts::talker::{GenOptions, Next, Session, Talker, TextInput, TextMode, Voice};
+use qtts::vocoder::Vocoder;
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (x as f64, y as f64);
+        ab += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    ab / (aa.sqrt() * bb.sqrt()).max(1e-30)
+}
+
+/// Mean cosine, worst cosine and top-1 agreement of row-major `rows` of width `w`.
+fn compare(reference: &[f32], got: &[f32], w: usize) -> (f64, f64, f64) {
+    let n = reference.len() / w;
+    let (mut sum, mut worst, mut same) = (0.0, 1.0f64, 0);
+    for i in 0..n {
+        let (a, b) = (&reference[i * w..(i + 1) * w], &got[i * w..(i + 1) * w]);
+        let c = cosine(a, b);
+        sum += c;
+        worst = worst.min(c);
+        same += usize::from(argmax(a) == argmax(b));
+    }
+    (sum / n as f64, worst, same as f64 / n as f64)
+}
+
+fn main() {
+    let frames: usize = std::env::var("QTTS_BENCH_FRAMES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    let dir = common::models(&[OutType::F32, OutType::Q8_0, OutType::Q4K]);
+    let path = |kind: &str, ty: OutType| dir.join(format!("{kind}-{}.gguf", ty.name()));
+    let pool = Threadpool::new(2, &[]).unwrap();
+
+    // The f32 reference run.
+    let talker = Talker::load(path("talker", OutType::F32)).unwrap();
+    let h = talker.n_embd();
+    let voice = Voice {
+        speaker: Some("vivian".into()),
+        language: Some("english".into()),
+        ..Voice::default()
+    };
+    let prompt = talker
+        .prompt(
+            &TextInput::Text("The quick brown fox jumps over the lazy dog.".into()),
+            &voice,
+            TextMode::Streaming,
+        )
+        .unwrap();
+    let mut cp =
+        CodePredictor::load(&GgufFile::open(path("mmproj", OutType::F32)).unwrap()).unwrap();
+    let mut session = Session::new(&talker, 512, 2, None, true).unwrap();
+    let opts = GenOptions {
+        sampling: SamplingParams::GREEDY,
+        repetition_penalty: 1.05,
+        seed: 0,
+        max_frames: Some(frames + 1),
+    };
+    // Greedy frames; the rows fed to the talker are kept as the teacher-forced inputs.
+    let mut codes: Vec<[u32; 16]> = Vec::new();
+    let mut rows = prompt.rows.clone();
+    let mut e = vec![0.0; h];
+    let mut next = session.start(&prompt, &opts).unwrap();
+    while let Next::Code(c0) = next {
+        let rest = cp
+            .frame(&pool, session.hidden(), c0, &mut |_, l| argmax(l), None)
+            .unwrap();
+        let mut frame = [c0; 16];
+        frame[1..].copy_from_slice(&rest);
+        codes.push(frame);
+        if codes.len() == frames {
+            break;
+        }
+        cp.embed_frame(&frame, &mut e).unwrap();
+        next = session.feed(&e).unwrap();
+        rows.extend_from_slice(session.last_input());
+    }
+    let n_prompt = prompt.len();
+
+    let forward = |ty: OutType| -> (Vec<f32>, Vec<f32>) {
+        let model = qtts::ffi::LlamaModel::load(path("talker", ty)).unwrap();
+        let mut ctx = LlamaContext::with_kv(&model, 512, 2, ty == OutType::F32).unwrap();
+        let n = rows.len() / h;
+        let mut batch = EmbdBatch::new(n, h);
+        for t in 0..n {
+            batch
+                .push(&rows[t * h..(t + 1) * h], t as i32, t + 1 >= n_prompt)
+                .unwrap();
+        }
+        ctx.decode(&mut batch).unwrap();
+        let (mut logits, mut hidden) = (Vec::new(), Vec::new());
+        for t in n_prompt - 1..n {
+            let l = ctx.logits(t as i32).unwrap();
+            logits.extend_from_slice(&l[l.len() - 3072..]);
+            hidden.extend_from_slice(ctx.embeddings(t as i32).unwrap());
+        }
+        (logits, hidden)
+    };
+    let (ref_logits, ref_hidden) = forward(OutType::F32);
+    let cp_logits = |ty: OutType| -> Vec<f32> {
+        let mut cp = CodePredictor::load(&GgufFile::open(path("mmproj", ty)).unwrap()).unwrap();
+        let mut out = Vec::new();
+        for (f, c) in codes.iter().enumerate() {
+            cp.frame(
+                &pool,
+                &ref_hidden[f * h..(f + 1) * h],
+                c[0],
+                &mut |g, l| {
+                    out.extend_from_slice(l);
+                    c[g + 1]
+                },
+                None,
+            )
+            .unwrap();
+        }
+        out
+    };
+    let ref_cp = cp_logits(OutType::F32);
+    println!("teacher-forced against f32, {frames} frames of the full-size random 0.6B model");
+    println!(
+        "{:<8} {:<16} {:>12} {:>12} {:>8}",
+        "type", "logits", "mean cosine", "worst", "top-1"
+    );
+    for ty in [OutType::Q8_0, OutType::Q4K] {
+        let (l, _) = forward(ty);
+        let (m, w, t) = compare(&ref_logits, &l, 3072);
+        println!(
+            "{:<8} {:<16} {m:>12.6} {w:>12.6} {:>7.1}%",
+            ty.name(),
+            "talker",
+            t * 100.0
+        );
+        let (m, w, t) = compare(&ref_cp, &cp_logits(ty), 2048);
+        println!(
+            "{:<8} {:<16} {m:>12.6} {w:>12.6} {:>7.1}%",
+            ty.name(),
+            "code predictor",
+            t * 100.0
+        );
+    }
+
+    // The decoder with q8_0 matrices against f32, on the reference codes, before the clamp (the
+    // random decoder saturates).
+    let f = GgufFile::open(path("mmproj", OutType::F32)).unwrap();
+    let decode = |q8: bool| {
+        let mut voc = Vocoder::load_with(&f, q8.then_some(GgmlType::Q8_0)).unwrap();
+        voc.set_capture(true);
+        let mut out = vec![0f32; codes.len() * 1920];
+        voc.decode_frames(&pool, &codes, &mut out).unwrap();
+        voc.take_capture().remove("decoder.6").unwrap_or_default()
+    };
+    let (a, b) = (decode(false), decode(true));
+    let noise: f64 = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| ((x - y) as f64).powi(2))
+        .sum();
+    let signal: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum();
+    println!(
+        "decoder, q8_0 matrices: SNR {:.1} dB against f32 (before the clamp, {} samples)",
+        10.0 * (signal / noise.max(1e-30)).log10(),
+        a.len()
+    );
+}
