@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -290,7 +290,6 @@ fn dropping_the_engine_joins_its_threads_and_errors_are_typed() {
     let e = Engine::load(&bad, config()).unwrap_err();
     assert!(e.to_string().contains("missing"), "{e}");
     assert_eq!(threads_settled(before), before);
-    let _ = AtomicUsize::new(0);
 }
 
 /// The iterator API yields the same samples as a sink, chunk by chunk as decoded: one frame first,

@@ -364,13 +364,20 @@ impl Canceller {
 pub struct Synthesis<'e> {
     cancel: Arc<AtomicBool>,
     progress: Arc<AtomicUsize>,
-    done: Receiver<Done>,
+    done: Receiver<Finished>,
     _engine: std::marker::PhantomData<&'e mut Engine>,
 }
 
 /// A request's end: its summary (or error) and the sink it wrote to.
 pub type Finished = (Result<Summary, EngineError>, Box<dyn AudioSink>);
-type Done = Finished;
+
+/// What a request ends with when the decoder thread is gone before answering (its sink is lost).
+fn decoder_gone() -> Finished {
+    (
+        Err(EngineError::StageGone { stage: "decoder" }),
+        Box::new(crate::audio::MemorySink::default()),
+    )
+}
 
 impl Synthesis<'_> {
     /// A handle that cancels this request.
@@ -383,27 +390,12 @@ impl Synthesis<'_> {
         self.progress.load(Ordering::Acquire)
     }
 
-    /// The request's end if it came (non-blocking).
-    pub fn try_wait(self) -> Result<Finished, Self> {
-        match self.done.try_recv() {
-            Ok(d) => Ok(d),
-            Err(crossbeam_channel::TryRecvError::Empty) => Err(self),
-            Err(crossbeam_channel::TryRecvError::Disconnected) => Ok((
-                Err(EngineError::StageGone { stage: "decoder" }),
-                Box::new(crate::audio::MemorySink::default()),
-            )),
-        }
-    }
-
     /// Waits up to `timeout` for the end of the request.
     pub fn wait_timeout(self, timeout: Duration) -> Result<Finished, Self> {
         match self.done.recv_timeout(timeout) {
             Ok(d) => Ok(d),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(self),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Ok((
-                Err(EngineError::StageGone { stage: "decoder" }),
-                Box::new(crate::audio::MemorySink::default()),
-            )),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Ok(decoder_gone()),
         }
     }
 
@@ -414,13 +406,7 @@ impl Synthesis<'_> {
 
     /// Waits for the end of the request; returns its summary and the sink.
     pub fn wait(self) -> Finished {
-        match self.done.recv() {
-            Ok(d) => d,
-            Err(_) => (
-                Err(EngineError::StageGone { stage: "decoder" }),
-                Box::new(crate::audio::MemorySink::default()),
-            ),
-        }
+        self.done.recv().unwrap_or_else(|_| decoder_gone())
     }
 }
 
@@ -435,7 +421,7 @@ struct Job {
     cancel: Arc<AtomicBool>,
     progress: Arc<AtomicUsize>,
     sink: Box<dyn AudioSink>,
-    done: Sender<Done>,
+    done: Sender<Finished>,
     started: Instant,
 }
 
@@ -466,7 +452,7 @@ enum DecMsg {
         cancel: Arc<AtomicBool>,
         started: Instant,
         keep_codes: bool,
-        done: Sender<Done>,
+        done: Sender<Finished>,
     },
     SegmentStart,
     Frame([u32; 16]),
@@ -876,7 +862,7 @@ fn run_job(
                 Next::Stop(r) => break r,
             };
             if cancel.load(Ordering::Acquire) {
-                break session.cancel().into_reason();
+                break session.cancel();
             }
             let (mut hidden, embedded) = bufs.take().ok_or(gone("cp"))?;
             hidden.copy_from_slice(session.hidden());
@@ -1007,7 +993,7 @@ struct Active {
     cancel: Arc<AtomicBool>,
     started: Instant,
     keep_codes: bool,
-    done: Sender<Done>,
+    done: Sender<Finished>,
     error: Option<EngineError>,
     pending: Vec<[u32; 16]>,
     chunk: usize,
@@ -1131,43 +1117,62 @@ fn decode_pending(
     pcm: &mut [f32],
     metrics: &mut Metrics,
 ) {
-    if a.pending.is_empty() {
-        return;
-    }
-    if a.error.is_some() || a.cancel.load(Ordering::Acquire) {
-        a.pending.clear();
-        return;
-    }
-    let n = a.pending.len();
-    let t = Instant::now();
-    let out = &mut pcm[..n * FRAME_SAMPLES];
-    match voc.decode_frames(pool, &a.pending, out) {
-        Ok(d) => {
-            let per = t.elapsed() / n as u32;
-            for _ in 0..n {
-                record(&mut metrics.decoder_frame, per);
+    if a.error.is_none() && !a.cancel.load(Ordering::Acquire) {
+        let sink = &mut *a.sink;
+        let (cancel, started) = (&*a.cancel, a.started);
+        match decode_and_write(
+            voc,
+            pool,
+            &a.pending,
+            pcm,
+            sink,
+            cancel,
+            started,
+            &mut a.summary,
+            metrics,
+        ) {
+            Ok(()) | Err(EngineError::Audio(AudioError::Cancelled)) => {}
+            Err(e) => {
+                a.error.get_or_insert(e);
             }
-            match a.sink.write(&out[..d.samples], &a.cancel) {
-                Ok(()) => {
-                    if a.summary.ttfa.is_none() {
-                        a.summary.ttfa = Some(a.started.elapsed());
-                    }
-                    a.summary.samples += d.samples;
-                    if let Some(q) = a.sink.queued_ms() {
-                        let _ = metrics.ring_fill.record((q.round() as u64).max(1));
-                    }
-                }
-                Err(AudioError::Cancelled) => {}
-                Err(e) => {
-                    a.error.get_or_insert(e.into());
-                }
-            }
-        }
-        Err(e) => {
-            a.error.get_or_insert(e.into());
         }
     }
     a.pending.clear();
+}
+
+/// Decodes `frames` into `pcm` and writes their samples to `sink`; records each frame's decoder
+/// time, the first sample's time since `started`, the samples written and the sink's fill
+/// (shared by the decoder thread and [`serial::Serial`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_and_write(
+    voc: &mut Vocoder,
+    pool: &Threadpool,
+    frames: &[[u32; 16]],
+    pcm: &mut [f32],
+    sink: &mut dyn AudioSink,
+    cancel: &AtomicBool,
+    started: Instant,
+    summary: &mut Summary,
+    metrics: &mut Metrics,
+) -> Result<(), EngineError> {
+    let n = frames.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let t = Instant::now();
+    let out = &mut pcm[..n * FRAME_SAMPLES];
+    let d = voc.decode_frames(pool, frames, out)?;
+    let per = t.elapsed() / n as u32;
+    for _ in 0..n {
+        record(&mut metrics.decoder_frame, per);
+    }
+    sink.write(&out[..d.samples], cancel)?;
+    summary.ttfa.get_or_insert_with(|| started.elapsed());
+    summary.samples += d.samples;
+    if let Some(q) = sink.queued_ms() {
+        let _ = metrics.ring_fill.record((q.round() as u64).max(1));
+    }
+    Ok(())
 }
 
 /// A request's audio as an iterator of chunks (one per decoder call: 80 or `decoder_chunk × 80`
@@ -1201,7 +1206,7 @@ impl AudioStream<'_> {
             crossbeam_channel::select! {
                 recv(rx) -> _ => {}
                 recv(synthesis.done) -> d => {
-                    return d.map(|(r, _)| r).unwrap_or(Err(EngineError::StageGone { stage: "decoder" }));
+                    return d.unwrap_or_else(|_| decoder_gone()).0;
                 }
             }
         }
@@ -1218,10 +1223,7 @@ impl Iterator for AudioStream<'_> {
         crossbeam_channel::select! {
             recv(self.rx) -> chunk => chunk.ok(),
             recv(self.synthesis.done) -> d => {
-                self.finished = Some(
-                    d.map(|(r, _)| r)
-                        .unwrap_or(Err(EngineError::StageGone { stage: "decoder" })),
-                );
+                self.finished = Some(d.unwrap_or_else(|_| decoder_gone()).0);
                 // Every chunk was sent before the end: what is left is in the channel.
                 self.rx.try_recv().ok()
             }

@@ -4,12 +4,14 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use super::{plan_request, EngineConfig, EngineError, ModelFiles, Request, Summary};
+use super::{
+    decode_and_write, plan_request, EngineConfig, EngineError, ModelFiles, Request, Summary,
+};
 use crate::audio::{AudioSink, FRAME_SAMPLES};
 use crate::code_predictor::CodePredictor;
 use crate::ffi::Threadpool;
 use crate::gguf::GgufFile;
-use crate::metrics::{record, Metrics};
+use crate::metrics::Metrics;
 use crate::synth::{generate_codes, Flow};
 use crate::talker::{Session, Talker};
 use crate::vocoder::Vocoder;
@@ -80,21 +82,11 @@ impl Serial {
                              summary: &mut Summary,
                              metrics: &mut Metrics|
              -> Result<(), EngineError> {
-                if pending.is_empty() {
-                    return Ok(());
-                }
-                let t = Instant::now();
-                let out = &mut pcm[..pending.len() * FRAME_SAMPLES];
-                let d = voc.decode_frames(pool, pending, out)?;
-                let per = t.elapsed() / pending.len() as u32;
-                for _ in 0..pending.len() {
-                    record(&mut metrics.decoder_frame, per);
-                }
-                sink.write(&out[..d.samples], &never)?;
-                summary.ttfa.get_or_insert_with(|| started.elapsed());
-                summary.samples += d.samples;
+                let written = decode_and_write(
+                    voc, pool, pending, &mut pcm, sink, &never, started, summary, metrics,
+                );
                 pending.clear();
-                Ok(())
+                written
             };
             let mut report = u.report;
             let stop = generate_codes(
