@@ -56,19 +56,9 @@ pub fn generate_codes(
         codes[0] = code0;
         codes[1..].copy_from_slice(&rest);
         if on_frame(&codes) == Flow::Stop {
-            return Ok(session.cancel().into_reason());
+            return Ok(session.cancel());
         }
         cp.embed_frame(&codes, &mut embedded)?;
         next = session.feed(&embedded)?;
-    }
-}
-
-impl Next {
-    /// The stop reason, for a [`Next::Stop`]; a code counts as cancelled.
-    pub fn into_reason(self) -> StopReason {
-        match self {
-            Next::Stop(r) => r,
-            Next::Code(_) => StopReason::Cancelled,
-        }
     }
 }

@@ -144,7 +144,7 @@ pub struct Voice {
 }
 
 /// How the text enters the prompt (MODEL-NOTES.md §4.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum TextMode {
     /// One text token per frame, starting one ahead of the audio: the first frame comes after a
     /// short prefill (the reference's `non_streaming_mode=False`).
@@ -411,15 +411,9 @@ impl Talker {
         };
         let c = &t.config;
         let (pad, bos, eos) = (c.tts_pad_token_id, c.tts_bos_token_id, c.tts_eos_token_id);
-        for (id, slot) in [(pad, 0), (bos, 1), (eos, 2)] {
-            let mut row = vec![0.0; n_embd];
-            t.add_row(id as usize, &mut row)?;
-            match slot {
-                0 => t.tts_pad = row,
-                1 => t.tts_bos = row,
-                _ => t.tts_eos = row,
-            }
-        }
+        t.tts_pad = t.text_row(pad)?;
+        t.tts_bos = t.text_row(bos)?;
+        t.tts_eos = t.text_row(eos)?;
         Ok(t)
     }
 
@@ -492,6 +486,13 @@ impl Talker {
             *o += x;
         }
         Ok(())
+    }
+
+    /// `P(id)`, the projected text embedding of `id`.
+    fn text_row(&self, id: u32) -> Result<Vec<f32>, ModelError> {
+        let mut row = vec![0.0; self.n_embd];
+        self.add_row(id as usize, &mut row)?;
+        Ok(row)
     }
 
     /// Appends `P(t)` (+ `C(codec)` when given) as a new row of `rows`.
@@ -781,8 +782,7 @@ impl<'t> Session<'t> {
 
     /// The raw codec logits of the last position, before any processor (3072 values).
     pub fn raw_logits(&self) -> Option<&[f32]> {
-        let l = self.ctx.logits(-1)?;
-        l.get(l.len().checked_sub(CODEC_VOCAB)?..)
+        codec_logits(&self.ctx)
     }
 
     /// The row fed at the last step (tests compare it with the reference's step inputs).
@@ -879,10 +879,11 @@ impl<'t> Session<'t> {
         self.next()
     }
 
-    /// Ends the running utterance early (its cache stays until the next start).
-    pub fn cancel(&mut self) -> Next {
+    /// Ends the running utterance early (its cache stays until the next start); returns the
+    /// stop reason to report, [`StopReason::Cancelled`].
+    pub fn cancel(&mut self) -> StopReason {
         self.options = None;
-        Next::Stop(StopReason::Cancelled)
+        StopReason::Cancelled
     }
 
     /// Reads the last position's outputs, applies the processors and picks a code.
@@ -899,11 +900,7 @@ impl<'t> Session<'t> {
         };
         let hidden = self.ctx.embeddings(-1).ok_or_else(missing)?;
         self.hidden.copy_from_slice(hidden);
-        let all = self.ctx.logits(-1).ok_or_else(missing)?;
-        let raw = all
-            .get(all.len().saturating_sub(CODEC_VOCAB)..)
-            .filter(|r| r.len() == CODEC_VOCAB)
-            .ok_or_else(missing)?;
+        let raw = codec_logits(&self.ctx).ok_or_else(missing)?;
         self.logits.copy_from_slice(raw);
         let eos = self.talker.config.talker_config.codec_eos_token_id as usize;
         process_logits(
@@ -924,6 +921,12 @@ impl<'t> Session<'t> {
     }
 }
 
+/// The codec logits (the last 3072 of the vocabulary) of the context's last output row.
+fn codec_logits<'c>(ctx: &'c LlamaContext<'_>) -> Option<&'c [f32]> {
+    let l = ctx.logits(-1)?;
+    l.get(l.len().checked_sub(CODEC_VOCAB)?..)
+}
+
 /// The talker's logits processors, in the reference's order (HF `generate`): the repetition
 /// penalty over the codes in `seen` (`x / p` if positive, else `x * p`), the suppression of every
 /// id from 2048 up but `eos`, and, while `mask_eos` (the first [`MIN_FRAMES`] frames), `eos` too.
@@ -934,7 +937,7 @@ pub fn process_logits(logits: &mut [f32], seen: &[bool], penalty: f32, eos: usiz
         }
     }
     for (i, x) in logits.iter_mut().enumerate().skip(N_CODES) {
-        if i != eos || mask_eos {
+        if i != eos {
             *x = f32::NEG_INFINITY;
         }
     }
