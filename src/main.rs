@@ -42,7 +42,7 @@ enum Command {
         out: PathBuf,
         /// Sample format of the file.
         #[arg(long, value_enum, default_value = "f32")]
-        sample_format: SampleFormatArg,
+        sample_format: qtts::audio::SampleFormat,
     },
     /// Convert an official Hugging Face checkpoint directory into the GGUF pair
     /// (talker-<type>.gguf and mmproj-<type>.gguf, llama.cpp's Qwen3-TTS layout).
@@ -113,7 +113,7 @@ struct SpeakArgs {
     xvector: Option<PathBuf>,
     /// How the text enters the prompt.
     #[arg(long, value_enum, default_value = "streaming")]
-    text_mode: TextModeArg,
+    text_mode: qtts::talker::TextMode,
     /// Greedy decoding (reproducible without a seed, and what the reference's tests use).
     #[arg(long)]
     greedy: bool,
@@ -144,18 +144,6 @@ struct SpeakArgs {
     /// The decoder's matrices as q8_0: about 2x faster decoding, not exact (PERFORMANCE.md).
     #[arg(long)]
     decoder_q8: bool,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-enum TextModeArg {
-    Streaming,
-    NonStreaming,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-enum SampleFormatArg {
-    F32,
-    S16,
 }
 
 /// Finds the model to use and says which.
@@ -204,7 +192,7 @@ fn requests(
     info: &qtts::engine::EngineInfo,
 ) -> anyhow::Result<Box<dyn Iterator<Item = anyhow::Result<qtts::engine::Request>>>> {
     use qtts::engine::Request;
-    use qtts::talker::{TextInput, TextMode, Voice};
+    use qtts::talker::{TextInput, Voice};
     let xvector = match &args.xvector {
         Some(p) => {
             let bytes = std::fs::read(p).with_context(|| format!("--xvector {}", p.display()))?;
@@ -240,10 +228,7 @@ fn requests(
             instruct: args.instruct.clone(),
             xvector,
         },
-        mode: match args.text_mode {
-            TextModeArg::Streaming => TextMode::Streaming,
-            TextModeArg::NonStreaming => TextMode::NonStreaming,
-        },
+        mode: args.text_mode,
         sampling: None,
         cp_sampling: None,
         repetition_penalty: None,
@@ -463,14 +448,7 @@ fn main() -> anyhow::Result<()> {
             args,
             out,
             sample_format,
-        } => synth(
-            &args,
-            &out,
-            match sample_format {
-                SampleFormatArg::F32 => qtts::audio::SampleFormat::F32,
-                SampleFormatArg::S16 => qtts::audio::SampleFormat::S16,
-            },
-        )?,
+        } => synth(&args, &out, sample_format)?,
         Command::Convert {
             hf_dir,
             out_dir,

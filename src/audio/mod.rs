@@ -386,7 +386,7 @@ impl Drop for PacedDevice {
 }
 
 /// Sample format of a [`WavSink`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum SampleFormat {
     /// 32-bit float (exact).
     #[default]
