@@ -171,15 +171,9 @@ fn main() {
         voc.take_capture().remove("decoder.6").unwrap_or_default()
     };
     let (a, b) = (decode(false), decode(true));
-    let noise: f64 = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| ((x - y) as f64).powi(2))
-        .sum();
-    let signal: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum();
     println!(
         "decoder, q8_0 matrices: SNR {:.1} dB against f32 (before the clamp, {} samples)",
-        10.0 * (signal / noise.max(1e-30)).log10(),
+        qtts::metrics::snr_db(&a, &b),
         a.len()
     );
 }

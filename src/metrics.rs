@@ -50,6 +50,17 @@ impl Default for Metrics {
     }
 }
 
+/// Signal-to-noise ratio in dB of `got` against `reference` (the noise is their difference).
+pub fn snr_db(reference: &[f32], got: &[f32]) -> f64 {
+    let noise: f64 = reference
+        .iter()
+        .zip(got)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let signal: f64 = reference.iter().map(|&a| (a as f64).powi(2)).sum();
+    10.0 * (signal / noise.max(1e-30)).log10()
+}
+
 /// Records a duration in microseconds (saturating at the bounds).
 pub fn record(h: &mut Histogram<u64>, d: Duration) {
     let us = (d.as_micros() as u64).clamp(1, h.high());

@@ -240,13 +240,7 @@ fn reduced_precision_files_decode_close_to_the_oracle() {
     let mut q8 = Vocoder::load_with(&f, Some(qtts::gguf::GgmlType::Q8_0)).unwrap();
     let wav = decode(&mut q8, &pool, &codes, &[1, 4]);
     let e = max_abs(&wav, &o["wav"]);
-    let noise: f64 = wav
-        .iter()
-        .zip(&exact)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
-    let signal: f64 = exact.iter().map(|&a| (a as f64).powi(2)).sum();
-    let snr = 10.0 * (signal / noise.max(1e-30)).log10();
+    let snr = qtts::metrics::snr_db(&exact, &wav);
     eprintln!("q8_0 matrices at load: wav max abs error {e:.2e}, SNR {snr:.1} dB against f32");
     assert!(
         e < 0.15 && snr > 20.0,
