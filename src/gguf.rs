@@ -829,6 +829,29 @@ impl GgufFile {
         // parse() checked that the range lies inside the file.
         self.map.get(start..start + t.nbytes as usize)
     }
+
+    /// Drops the pages of tensor `name`'s data from this process's resident set, once its bytes
+    /// have been copied elsewhere: loading then never holds a whole file resident. A later
+    /// [`GgufFile::tensor_data`] faults the same bytes back in from the file.
+    pub fn release(&self, name: &str) {
+        #[cfg(unix)]
+        if let Some(t) = self.header.tensor(name) {
+            const PAGE: usize = 4096;
+            let start = (self.header.data_offset + t.offset) as usize;
+            let first = start / PAGE * PAGE;
+            let end = (start + t.nbytes as usize).min(self.map.len());
+            // SAFETY: the mapping is private and read-only, so the dropped pages hold nothing
+            // that the file does not: a later access maps the same bytes again. Rounding to whole
+            // pages may touch a neighbour's pages, which is harmless for the same reason.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    first,
+                    end.saturating_sub(first),
+                )
+            };
+        }
+    }
 }
 
 /// Writes a GGUF file: the whole header first, then each tensor's data in declared order.

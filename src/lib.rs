@@ -9,6 +9,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod audio;
+pub mod bench;
 pub mod code_predictor;
 pub mod engine;
 pub mod error;

@@ -9,6 +9,8 @@ use clap::{Parser, Subcommand};
 use qtts::model::config::Preset;
 use qtts::model::convert::{convert, OutType};
 
+mod bench_cli;
+
 /// qtts: a CPU-first streaming text-to-speech engine for Qwen3-TTS-12Hz.
 #[derive(Parser, Debug)]
 #[command(version, about)]
@@ -74,6 +76,13 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Measure real-time synthesis (RTF, time to first audio, underruns through a paced sink, peak
+    /// RSS, per-stage percentiles) on full-size random-weight models, optionally against the
+    /// official PyTorch package, and print one table of medians.
+    Bench(bench_cli::BenchArgs),
+    /// One measured run of `qtts bench`, printed as a JSON line (run by `qtts bench`).
+    #[command(hide = true)]
+    BenchRun(bench_cli::RunArgs),
     /// Check GGUF files as the engine does before loading them, and describe them.
     Validate {
         /// GGUF files (talker or mmproj, told apart by their architecture).
@@ -493,6 +502,8 @@ fn main() -> anyhow::Result<()> {
                 start.elapsed().as_secs_f64()
             );
         }
+        Command::Bench(a) => bench_cli::run(&a)?,
+        Command::BenchRun(a) => bench_cli::run_one(&a)?,
         Command::Validate { files, llama } => {
             anyhow::ensure!(
                 !files.is_empty(),

@@ -3,11 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use qtts::model::config::Preset;
-use qtts::model::convert::{convert, OutType};
+use qtts::model::convert::OutType;
 
 /// A directory with `mmproj-<type>.gguf` (and `talker-<type>.gguf`) for each of `types`:
 /// `QTTS_BENCH_MODELS` when set, else made once under the target directory with
-/// `random-model --preset 0.6b-customvoice` and `convert` (minutes, and GBs of disk).
+/// [`qtts::bench::ensure_models`] for the 0.6B CustomVoice geometry (minutes, and GBs of disk).
 pub fn models(types: &[OutType]) -> PathBuf {
     if let Some(dir) = std::env::var_os("QTTS_BENCH_MODELS") {
         return dir.into();
@@ -15,24 +15,18 @@ pub fn models(types: &[OutType]) -> PathBuf {
     let target =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
     let dir = target.join("qtts-bench").join("0.6b-customvoice");
-    let ckpt = dir.join("checkpoint");
-    if !ckpt.join("model.safetensors").exists() {
-        let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tts/tokenizer");
-        eprintln!("writing a random 0.6B checkpoint into {}", ckpt.display());
-        qtts::model::random::write_random_checkpoint(
-            Preset::Small06CustomVoice,
-            1,
-            &tok,
-            &ckpt,
-            &mut |_, _| {},
-        )
-        .unwrap();
-    }
-    for &ty in types {
-        if !dir.join(format!("mmproj-{}.gguf", ty.name())).exists() {
-            eprintln!("converting to {}", ty.name());
-            convert(&ckpt, None, &dir, ty, &mut |_, _| {}).unwrap();
-        }
-    }
+    let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tts/tokenizer");
+    qtts::bench::ensure_models(
+        Preset::Small06CustomVoice,
+        Some(&tok),
+        &dir,
+        types,
+        &mut |what, _, total| {
+            if total == 0 {
+                eprintln!("bench models: {what} in {}", dir.display());
+            }
+        },
+    )
+    .unwrap();
     dir
 }

@@ -286,12 +286,9 @@ impl Heads {
         }
     }
 
-    /// These heads stored as q8_0 (ggml's quantizer), when the width is a multiple of 32.
-    pub fn to_q8(&self) -> Option<Heads> {
-        let HeadWeights::F32(w) = &self.weights else {
-            return Some(self.clone());
-        };
-        let bytes = crate::ffi::quantize(crate::gguf::GgmlType::Q8_0, w, self.width).ok()?;
+    /// q8_0 heads from ggml's q8_0 encoding (34-byte blocks: f16 scale, 32 × i8), rows of
+    /// `width` values (a multiple of 32).
+    pub fn from_q8_bytes(bytes: &[u8], n_codes: usize, width: usize, kernel: Kernel) -> Self {
         let blocks = bytes
             .chunks_exact(34)
             .map(|c| {
@@ -305,10 +302,29 @@ impl Heads {
                 }
             })
             .collect();
-        Some(Heads {
+        Heads {
             weights: HeadWeights::Q8(blocks),
-            ..*self
-        })
+            n_codes,
+            width,
+            kernel,
+        }
+    }
+
+    /// These heads stored as q8_0 (ggml's quantizer), when the width is a multiple of 32.
+    pub fn to_q8(&self) -> Option<Heads> {
+        let HeadWeights::F32(w) = &self.weights else {
+            return Some(self.clone());
+        };
+        if !self.width.is_multiple_of(32) {
+            return None;
+        }
+        let bytes = crate::ffi::quantize(crate::gguf::GgmlType::Q8_0, w, self.width).ok()?;
+        Some(Self::from_q8_bytes(
+            &bytes,
+            self.n_codes,
+            self.width,
+            self.kernel,
+        ))
     }
 
     /// The kernel in use.

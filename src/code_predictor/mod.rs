@@ -22,7 +22,7 @@ use heads::{Heads, Kernel};
 
 use crate::error::ModelError;
 use crate::ffi::{Context, GgmlError, OwnedGraph, Threadpool};
-use crate::gguf::{GgufFile, Value};
+use crate::gguf::{GgmlType, GgufFile, Value};
 
 /// Positions per frame: the talker's hidden state, codebook 0, then codebooks 1..14 (15 is never
 /// fed back).
@@ -180,7 +180,7 @@ impl CodePredictor {
             .header
             .tensors
             .iter()
-            .filter(|t| t.name.starts_with("a.gen.code."))
+            .filter(|t| t.name.starts_with("a.gen.code.") && t.name != HEAD)
             .collect();
         let weight_bytes: u64 = code.iter().map(|t| t.nbytes).sum();
         let cache_bytes = 2 * g.n_layer * g.head_dim * g.n_head_kv * POSITIONS * 4;
@@ -194,6 +194,7 @@ impl CodePredictor {
             let data = f.tensor_data(&t.name).unwrap_or_default();
             w.write_bytes(data).map_err(ModelError::from)?;
             w.set_name(&t.name);
+            f.release(&t.name);
         }
         for l in 0..g.n_layer {
             for kv in ["k", "v"] {
@@ -203,17 +204,8 @@ impl CodePredictor {
                     .set_name(&format!("cache.{kv}.{l}"));
             }
         }
-        let head = f.header.tensor("a.gen.code.head.weight");
-        let head = head.and_then(|t| Some((t, f.tensor_data(&t.name)?)));
-        let Some((head, data)) = head else {
-            return Err(ModelError::MissingTensor {
-                path: f.path().into(),
-                tensor: "a.gen.code.head.weight".into(),
-            });
-        };
-        let n = head.ne.iter().product::<u64>() as usize;
-        let head_f32 = crate::ffi::dequantize(head.ty, data, n).map_err(ModelError::from)?;
-        let heads = Heads::new(head_f32, g.n_codes, g.n_embd, Kernel::detect());
+        let heads = load_heads(f, &g)?;
+        f.release(HEAD);
         let mut steps = Vec::with_capacity(POSITIONS - 1);
         for step in 0..POSITIONS - 1 {
             steps.push(build_step(&weights, &g, step, true).map_err(ModelError::from)?);
@@ -452,6 +444,40 @@ impl CodePredictor {
         out.copy_from_slice(&codes[1..]);
         Ok((out, all))
     }
+}
+
+/// The 15 sample heads' tensor (`[width, n_codes, 15]`): used on the host only (see [`Heads`]).
+const HEAD: &str = "a.gen.code.head.weight";
+
+/// The sample heads from the file: q8_0 rows when the file stores them quantized (the model was
+/// converted lossy, and q8_0 is a quarter of f32's memory traffic per sub-step), else exact f32
+/// rows. Dequantized one head at a time, so loading never holds all 15 in f32.
+fn load_heads(f: &GgufFile, g: &Geometry) -> Result<Heads, ModelError> {
+    let missing = || ModelError::MissingTensor {
+        path: f.path().into(),
+        tensor: HEAD.into(),
+    };
+    let head = f.header.tensor(HEAD).ok_or_else(missing)?;
+    let data = f.tensor_data(HEAD).ok_or_else(missing)?;
+    let per_head = g.n_codes * g.n_embd;
+    let n = head.ne.iter().product::<u64>() as usize;
+    let quantized = !matches!(head.ty, GgmlType::F32 | GgmlType::F16);
+    if !quantized || !g.n_embd.is_multiple_of(32) || per_head == 0 || n % per_head != 0 {
+        let w = crate::ffi::dequantize(head.ty, data, n).map_err(ModelError::from)?;
+        return Ok(Heads::new(w, g.n_codes, g.n_embd, Kernel::detect()));
+    }
+    let bytes_per_head = data.len() / (n / per_head);
+    let mut q8 = Vec::with_capacity(n / 32 * 34);
+    for chunk in data.chunks_exact(bytes_per_head) {
+        let w = crate::ffi::dequantize(head.ty, chunk, per_head).map_err(ModelError::from)?;
+        q8.extend(crate::ffi::quantize(GgmlType::Q8_0, &w, g.n_embd).map_err(ModelError::from)?);
+    }
+    Ok(Heads::from_q8_bytes(
+        &q8,
+        g.n_codes,
+        g.n_embd,
+        Kernel::detect(),
+    ))
 }
 
 /// The graph of step `step` of a frame: step 0 is the prefill of positions 0 and 1 (hidden state

@@ -256,10 +256,17 @@ struct Loader<'f> {
     /// Store conv, transposed-conv and linear matrices in this type when their rows are whole
     /// blocks (see [`Vocoder::load_with`]).
     matrices: Option<GgmlType>,
+    /// The tensor the previous [`Loader::source`] call read: each loading function reads one, so
+    /// its pages are released (see [`GgufFile::release`]) when the next is read, and the file is
+    /// never resident as a whole.
+    last: std::cell::RefCell<Option<String>>,
 }
 
 impl Loader<'_> {
     fn source(&self, name: &str) -> Result<(GgmlType, &[u8], Vec<usize>), ModelError> {
+        if let Some(prev) = self.last.replace(Some(name.to_string())) {
+            self.f.release(&prev);
+        }
         let missing = || ModelError::MissingTensor {
             path: self.f.path().into(),
             tensor: name.into(),
@@ -415,7 +422,12 @@ impl Vocoder {
         let shapes = 64 * 7 * 1536 * 4;
         let w = Context::new((bytes + depthwise) as usize + shapes + overhead + (1 << 20))
             .map_err(ModelError::from)?;
-        let l = Loader { f, w, matrices };
+        let l = Loader {
+            f,
+            w,
+            matrices,
+            last: Default::default(),
+        };
         let p = "a.gen.wav";
         let (half, cd, lat, dd) = (g.half, g.codebook_dim, g.latent, g.decoder_dim);
         l.copy(
@@ -505,6 +517,9 @@ impl Vocoder {
         l.copy(&format!("{p}.dac.post_snake.beta"), &[cin])?;
         l.conv(&format!("{p}.dac.post_conv.weight"), K7, cin, 1)?;
         l.copy(&format!("{p}.dac.post_conv.bias"), &[1])?;
+        if let Some(last) = l.last.take() {
+            f.release(&last);
+        }
         let weights = l.w;
 
         // The stream's state.

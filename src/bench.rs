@@ -1,0 +1,413 @@
+//! The real-time measurement of issue 7: one request through a real-time-paced sink, with its
+//! real-time factor, time to first audio, underruns, peak RSS and per-stage percentiles; medians
+//! over repeated runs; and the one table `qtts bench` prints.
+//!
+//! A run ([`measure`]) loads an [`Engine`], synthesizes a short warm-up request (the first touch of
+//! the memory-mapped weights is load cost, not synthesis cost), then the measured request. Its
+//! audio goes into a ring played by a [`PacedDevice`] in real time, 20 ms periods, after a
+//! prebuffer; the ring holds the whole utterance, so production is never throttled by playback
+//! and the RTF is the engine's own. Random weights never emit EOS, so the frame count is forced.
+//!
+//! Peak RSS is the process's high-water mark (`VmHWM`), so each run belongs in its own process:
+//! `qtts bench` starts `qtts bench-run` once per (run, configuration).
+
+use serde::{Deserialize, Serialize};
+
+use std::path::{Path, PathBuf};
+
+use crate::audio::{ring, PacedDevice, FRAME_SAMPLES, SAMPLE_RATE};
+use crate::engine::{Engine, EngineConfig, EngineError, ModelFiles, Request};
+use crate::metrics::Metrics;
+use crate::model::config::Preset;
+use crate::model::convert::{convert, OutType};
+use crate::ModelError;
+
+/// Device period of the paced sink: 20 ms (480 samples), a common audio-server period.
+pub const PERIOD_SAMPLES: usize = 480;
+
+/// Frames of the warm-up request.
+pub const WARMUP_FRAMES: usize = 4;
+
+/// The text of every measured request (streaming-text mode; the frame count is forced).
+pub const TEXT: &str = "The quick brown fox jumps over the lazy dog, twice.";
+
+/// The stages reported per run, as [`Metrics::named`] names them.
+pub const STAGES: [&str; 4] = ["talker step", "cp frame", "decoder frame", "talker prefill"];
+
+/// One stage's percentiles.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageStat {
+    /// The histogram's name in [`Metrics::named`].
+    pub name: String,
+    /// Median, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+}
+
+/// What one measured request gave.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    /// Frames produced.
+    pub frames: usize,
+    /// Seconds of audio.
+    pub audio_s: f64,
+    /// Request to the last sample written, over the audio's duration.
+    pub rtf: f64,
+    /// Request to the first sample in the sink, ms.
+    pub ttfa_ms: f64,
+    /// Device periods that found the ring short after playback started.
+    pub underruns: u64,
+    /// Device periods played in all.
+    pub periods: u64,
+    /// The process's peak resident set (`VmHWM`) at the end, MiB.
+    pub peak_rss_mib: f64,
+    /// Percentiles of [`STAGES`].
+    pub stages: Vec<StageStat>,
+}
+
+/// The GGUF pair of weight type `ty` in a bench directory made by [`ensure_models`].
+pub fn model_files(dir: &Path, ty: OutType) -> ModelFiles {
+    ModelFiles {
+        talker: dir.join(format!("talker-{}.gguf", ty.name())),
+        mmproj: dir.join(format!("mmproj-{}.gguf", ty.name())),
+    }
+}
+
+/// Makes what is missing of a bench directory: `checkpoint/`, a random-weight checkpoint of
+/// `preset` (seed 1, with the tokenizer files of `tokenizer`), and its GGUF pair for each of
+/// `types`. Minutes and gigabytes for a full-size preset; nothing when all is there. `progress`
+/// gets each step's name with (0, 0) as it starts, then its bytes done and total.
+pub fn ensure_models(
+    preset: Preset,
+    tokenizer: Option<&Path>,
+    dir: &Path,
+    types: &[OutType],
+    progress: &mut dyn FnMut(&str, u64, u64),
+) -> Result<PathBuf, ModelError> {
+    let ckpt = dir.join("checkpoint");
+    let missing: Vec<OutType> = types
+        .iter()
+        .copied()
+        .filter(|&ty| {
+            let f = model_files(dir, ty);
+            !(f.talker.exists() && f.mmproj.exists())
+        })
+        .collect();
+    if !missing.is_empty() && !ckpt.join("model.safetensors").exists() {
+        let tokenizer = tokenizer.ok_or_else(|| ModelError::Unsupported {
+            what: format!("bench models in {}", dir.display()),
+            expected: format!(
+                "a {} checkpoint in checkpoint/, or a tokenizer directory (vocab.json, merges.txt, \
+                 tokenizer_config.json) to write a random one with: pass --tokenizer",
+                preset.hf_name()
+            ),
+            found: "neither".into(),
+        })?;
+        progress("random checkpoint", 0, 0);
+        crate::model::random::write_random_checkpoint(preset, 1, tokenizer, &ckpt, &mut |d, t| {
+            progress("random checkpoint", d, t)
+        })?;
+    }
+    for ty in missing {
+        let label = format!("convert to {}", ty.name());
+        progress(&label, 0, 0);
+        convert(&ckpt, None, dir, ty, &mut |d, t| progress(&label, d, t))?;
+    }
+    Ok(ckpt)
+}
+
+/// The process's peak resident set in bytes, from `/proc/self/status` (`None` where there is none).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn stage_stats(m: &Metrics) -> Vec<StageStat> {
+    let ms = |us: u64| us as f64 / 1e3;
+    STAGES
+        .iter()
+        .filter_map(|&want| {
+            let (name, h) = m.named().into_iter().find(|(n, _)| *n == want)?;
+            (!h.is_empty()).then(|| StageStat {
+                name: name.to_string(),
+                p50_ms: ms(h.value_at_quantile(0.5)),
+                p99_ms: ms(h.value_at_quantile(0.99)),
+            })
+        })
+        .collect()
+}
+
+/// Loads the engine and measures one request of `frames` frames played in real time after
+/// `prebuffer_ms` of audio (see the module's documentation).
+pub fn measure(
+    files: &ModelFiles,
+    config: EngineConfig,
+    frames: usize,
+    prebuffer_ms: f64,
+) -> Result<RunReport, EngineError> {
+    let mut engine = Engine::load(files, config)?;
+    let request = |frames: usize| {
+        let mut req = Request::text(TEXT);
+        let speakers = &engine.info().speakers;
+        req.voice.speaker = speakers
+            .iter()
+            .find(|s| *s == "vivian")
+            .or(speakers.first())
+            .cloned();
+        req.voice.language = Some("english".into());
+        req.max_frames = Some(frames);
+        req.seed = 1;
+        req
+    };
+    let warmup = request(WARMUP_FRAMES);
+    let measured = request(frames);
+    let (summary, _) = engine
+        .synthesize(warmup, Box::new(crate::audio::MemorySink::default()))
+        .wait();
+    summary?;
+    // The ring holds the whole utterance and a second more: the engine never waits for playback.
+    let capacity_ms = (frames * FRAME_SAMPLES) as f64 * 1e3 / SAMPLE_RATE as f64 + 1000.0;
+    let (sink, player) = ring(capacity_ms, prebuffer_ms);
+    let device = PacedDevice::start(player, PERIOD_SAMPLES, false);
+    let shared = device.shared();
+    let (summary, _) = engine.synthesize(measured, Box::new(sink)).wait();
+    let summary = summary?;
+    drop(device);
+    Ok(RunReport {
+        frames: summary.frames,
+        audio_s: summary.audio_seconds(),
+        rtf: summary.rtf(),
+        ttfa_ms: summary.ttfa.unwrap_or_default().as_secs_f64() * 1e3,
+        underruns: shared.underruns(),
+        periods: shared.periods(),
+        peak_rss_mib: peak_rss_bytes().unwrap_or(0) as f64 / (1024.0 * 1024.0),
+        stages: stage_stats(&summary.metrics),
+    })
+}
+
+/// The median of `v` (the upper one of an even count); `NaN` when empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The medians over the runs of one configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Medians {
+    /// Runs measured.
+    pub runs: usize,
+    /// Median RTF.
+    pub rtf: f64,
+    /// Median time to first audio, ms.
+    pub ttfa_ms: f64,
+    /// Median underrun count.
+    pub underruns: f64,
+    /// Median peak RSS, MiB.
+    pub peak_rss_mib: f64,
+    /// Per stage of [`STAGES`]: (name, median p50, median p99), ms.
+    pub stages: Vec<(String, f64, f64)>,
+}
+
+impl Medians {
+    /// The medians of `runs` (stage by stage over the runs that recorded it).
+    pub fn of(runs: &[RunReport]) -> Self {
+        let over = |f: &dyn Fn(&RunReport) -> f64| median(runs.iter().map(f).collect());
+        let stages = STAGES
+            .iter()
+            .map(|&name| {
+                let of = |f: &dyn Fn(&StageStat) -> f64| {
+                    median(
+                        runs.iter()
+                            .flat_map(|r| r.stages.iter().filter(|s| s.name == name).map(f))
+                            .collect(),
+                    )
+                };
+                (name.to_string(), of(&|s| s.p50_ms), of(&|s| s.p99_ms))
+            })
+            .collect();
+        Medians {
+            runs: runs.len(),
+            rtf: over(&|r| r.rtf),
+            ttfa_ms: over(&|r| r.ttfa_ms),
+            underruns: over(&|r| r.underruns as f64),
+            peak_rss_mib: over(&|r| r.peak_rss_mib),
+            stages,
+        }
+    }
+}
+
+/// The official package's figures on the same checkpoint (`bench_reference.py`'s JSON), the
+/// fields the table uses.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ReferenceReport {
+    /// Frames generated.
+    pub frames: usize,
+    /// (generate + decode) over the audio's duration.
+    pub rtf_total: f64,
+    /// Prompt to the first frame's codes plus decoding one frame: what streaming would give, s.
+    pub ttfa_streaming_estimate_s: f64,
+    /// Talker step per frame.
+    pub talker_step_ms: RefStat,
+    /// Code predictor per frame.
+    pub cp_frame_ms: RefStat,
+    /// Decoder per frame (all frames decoded at once).
+    pub decode_ms_per_frame: f64,
+}
+
+/// A per-frame statistic of [`ReferenceReport`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RefStat {
+    /// Median, ms.
+    pub median_ms: f64,
+    /// Max, ms.
+    pub max_ms: f64,
+}
+
+/// One row of the table: a configuration's label and its medians.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// What was run (weights, decoder).
+    pub label: String,
+    /// Its medians.
+    pub medians: Medians,
+}
+
+/// The table: one line per configuration, then the reference and the ratio of its median RTF to
+/// each configuration's.
+pub fn table(rows: &[Row], reference: &[ReferenceReport]) -> String {
+    let mut s = String::new();
+    let stage_names = ["talker step", "cp frame", "decoder frame"];
+    s += &format!(
+        "{:<22} {:>4} {:>7} {:>8} {:>9} {:>9} {:>13} {:>13} {:>13} {:>9}\n",
+        "configuration",
+        "runs",
+        "RTF",
+        "TTFA ms",
+        "underruns",
+        "peak MiB",
+        "talker p50/99",
+        "cp p50/99",
+        "decoder p50/99",
+        "ref/ours"
+    );
+    let ref_rtf = median(reference.iter().map(|r| r.rtf_total).collect());
+    for row in rows {
+        let m = &row.medians;
+        let stage = |name: &str| {
+            m.stages
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .map_or("-".to_string(), |(_, p50, p99)| {
+                    format!("{p50:.0}/{p99:.0}")
+                })
+        };
+        let ratio = if reference.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.1}x", ref_rtf / m.rtf)
+        };
+        s += &format!(
+            "{:<22} {:>4} {:>7.2} {:>8.0} {:>9.0} {:>9.0} {:>13} {:>13} {:>13} {:>9}\n",
+            row.label,
+            m.runs,
+            m.rtf,
+            m.ttfa_ms,
+            m.underruns,
+            m.peak_rss_mib,
+            stage(stage_names[0]),
+            stage(stage_names[1]),
+            stage(stage_names[2]),
+            ratio
+        );
+    }
+    if !reference.is_empty() {
+        let med = |f: &dyn Fn(&ReferenceReport) -> f64| median(reference.iter().map(f).collect());
+        s += &format!(
+            "{:<22} {:>4} {:>7.2} {:>8.0} {:>9} {:>9} {:>13} {:>13} {:>13} {:>9}\n",
+            "reference (PyTorch)",
+            reference.len(),
+            ref_rtf,
+            med(&|r| r.ttfa_streaming_estimate_s * 1e3),
+            "-",
+            "-",
+            format!(
+                "{:.0}/{:.0}",
+                med(&|r| r.talker_step_ms.median_ms),
+                med(&|r| r.talker_step_ms.max_ms)
+            ),
+            format!(
+                "{:.0}/{:.0}",
+                med(&|r| r.cp_frame_ms.median_ms),
+                med(&|r| r.cp_frame_ms.max_ms)
+            ),
+            format!("{:.0}/-", med(&|r| r.decode_ms_per_frame)),
+            "1.0x"
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(rtf: f64, cp_p50: f64) -> RunReport {
+        RunReport {
+            frames: 10,
+            audio_s: 0.8,
+            rtf,
+            ttfa_ms: 100.0 * rtf,
+            underruns: rtf as u64,
+            periods: 40,
+            peak_rss_mib: 500.0,
+            stages: vec![StageStat {
+                name: "cp frame".into(),
+                p50_ms: cp_p50,
+                p99_ms: 2.0 * cp_p50,
+            }],
+        }
+    }
+
+    #[test]
+    fn medians_are_per_field_and_survive_missing_stages() {
+        let m = Medians::of(&[report(3.0, 10.0), report(1.0, 30.0), report(2.0, 20.0)]);
+        assert_eq!((m.rtf, m.ttfa_ms, m.underruns), (2.0, 200.0, 2.0));
+        let cp = m.stages.iter().find(|s| s.0 == "cp frame").unwrap();
+        assert_eq!((cp.1, cp.2), (20.0, 40.0));
+        let talker = m.stages.iter().find(|s| s.0 == "talker step").unwrap();
+        assert!(talker.1.is_nan());
+    }
+
+    #[test]
+    fn the_ratio_is_the_reference_rtf_over_ours() {
+        let rows = [Row {
+            label: "q8_0".into(),
+            medians: Medians::of(&[report(2.0, 10.0)]),
+        }];
+        let r: ReferenceReport = serde_json::from_str(
+            r#"{"frames": 24, "rtf_total": 12.0, "ttfa_streaming_estimate_s": 1.5,
+                "talker_step_ms": {"median_ms": 200.0, "max_ms": 250.0},
+                "cp_frame_ms": {"median_ms": 600.0, "max_ms": 700.0},
+                "decode_ms_per_frame": 70.0, "extra": 1}"#,
+        )
+        .unwrap();
+        let t = table(&rows, &[r]);
+        let line = t.lines().find(|l| l.starts_with("q8_0")).unwrap();
+        assert!(line.trim_end().ends_with("6.0x"), "{line}");
+        assert!(t.contains("reference (PyTorch)"));
+    }
+
+    #[test]
+    fn peak_rss_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            let b = peak_rss_bytes().unwrap();
+            assert!(b > 1024 * 1024, "{b}");
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! `qtts bench`: issue 7's table. Each (run, configuration) is a child process (`qtts bench-run`)
+//! so that its peak RSS is its own; the official package (`bench_reference.py`) runs interleaved
+//! with ours, once per round, when a Python with `qwen-tts` is given.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context as _;
+use qtts::bench::{self, Medians, ReferenceReport, Row, RunReport};
+use qtts::engine::EngineConfig;
+use qtts::model::config::Preset;
+use qtts::model::convert::OutType;
+
+/// Options of `qtts bench`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// The geometry of the random-weight model to make when `--models` has none.
+    #[arg(long, value_enum, default_value = "0.6b-customvoice")]
+    pub preset: Preset,
+    /// Directory of the bench models (`talker-<type>.gguf`, `mmproj-<type>.gguf`, `checkpoint/`);
+    /// what is missing is made there. Default: `~/.cache/qtts/bench/<preset>`.
+    #[arg(long)]
+    pub models: Option<PathBuf>,
+    /// Tokenizer directory (vocab.json, merges.txt, tokenizer_config.json) for writing the random
+    /// checkpoint, as found in every downloaded checkpoint.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Weight types of the talker and code predictor to measure, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "q4_k,q8_0,f16"
+    )]
+    pub types: Vec<OutType>,
+    /// Decoder matrices: f32 (exact) or q8_0.
+    #[arg(long, value_enum, default_value = "q8_0")]
+    pub decoder: DecoderWeights,
+    /// Frames per measured request (80 ms each): 750 is the issue's 60 s utterance.
+    #[arg(long, default_value_t = 750)]
+    pub frames: usize,
+    /// Rounds; each runs every configuration once, then the reference.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Audio queued before the paced sink starts playing, ms.
+    #[arg(long, default_value_t = 300.0)]
+    pub prebuffer_ms: f64,
+    /// Python with the official `qwen-tts` package (the oracle's venv) to time the reference on
+    /// the same checkpoint; default: `$QTTS_REFERENCE_PYTHON`, else no reference.
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+    /// `bench_reference.py` (default: `../shared/oracle/bench_reference.py` beside this checkout).
+    #[arg(long)]
+    pub reference_script: Option<PathBuf>,
+    /// Frames of each reference run (it runs about 10x slower than real time).
+    #[arg(long, default_value_t = 24)]
+    pub reference_frames: usize,
+    /// Write every run's report as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// The decoder's matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DecoderWeights {
+    /// 32-bit floats: exact.
+    F32,
+    /// q8_0 blocks: about 2x faster, SNR ≈ 19 dB on random weights (PERFORMANCE.md).
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+/// Options of the hidden `qtts bench-run`: one measured run, its report as one JSON line.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[arg(long)]
+    talker: PathBuf,
+    #[arg(long)]
+    mmproj: PathBuf,
+    #[arg(long)]
+    frames: usize,
+    #[arg(long)]
+    prebuffer_ms: f64,
+    #[arg(long)]
+    decoder_q8: bool,
+}
+
+/// `qtts bench-run`.
+pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
+    let files = qtts::engine::ModelFiles {
+        talker: a.talker.clone(),
+        mmproj: a.mmproj.clone(),
+    };
+    let config = EngineConfig {
+        decoder_q8: a.decoder_q8,
+        ..EngineConfig::default()
+    };
+    let report = bench::measure(&files, config, a.frames, a.prebuffer_ms)?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+fn child(exe: &Path, files: &qtts::engine::ModelFiles, a: &BenchArgs) -> anyhow::Result<RunReport> {
+    let mut cmd = Command::new(exe);
+    cmd.arg("bench-run")
+        .arg("--talker")
+        .arg(&files.talker)
+        .arg("--mmproj")
+        .arg(&files.mmproj)
+        .arg("--frames")
+        .arg(a.frames.to_string())
+        .arg("--prebuffer-ms")
+        .arg(a.prebuffer_ms.to_string());
+    if a.decoder == DecoderWeights::Q8_0 {
+        cmd.arg("--decoder-q8");
+    }
+    let out = cmd.output().context("starting qtts bench-run")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "qtts bench-run on {} failed ({}): {}",
+        files.talker.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(line.trim()).with_context(|| format!("bench-run printed {line:?}"))
+}
+
+fn reference(
+    python: &Path,
+    script: &Path,
+    checkpoint: &Path,
+    frames: usize,
+) -> anyhow::Result<ReferenceReport> {
+    let json = std::env::temp_dir().join(format!("qtts-reference-{}.json", std::process::id()));
+    let out = Command::new(python)
+        .arg(script)
+        .arg("--model")
+        .arg(checkpoint)
+        .args([
+            "--frames",
+            &frames.to_string(),
+            "--threads",
+            "2",
+            "--streaming-text",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .with_context(|| format!("starting {}", python.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} {} failed ({}): {}",
+        python.display(),
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let text =
+        std::fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?;
+    let _ = std::fs::remove_file(&json);
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))
+}
+
+/// `qtts bench`.
+pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
+    use clap::ValueEnum as _;
+    anyhow::ensure!(
+        a.runs >= 1 && a.frames >= 1,
+        "--runs and --frames must be at least 1"
+    );
+    anyhow::ensure!(
+        !a.types.is_empty(),
+        "--types: name at least one weight type"
+    );
+    let preset_name = a
+        .preset
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
+    let dir = a.models.clone().unwrap_or_else(|| {
+        qtts::model::find::cache_dir()
+            .join("bench")
+            .join(&preset_name)
+    });
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut printer = crate::progress_printer("bench models");
+    let checkpoint = bench::ensure_models(
+        a.preset,
+        a.tokenizer.as_deref(),
+        &dir,
+        &a.types,
+        &mut |what, d, t| {
+            if t == 0 {
+                eprintln!("bench: {what}");
+            } else {
+                printer(d, t)
+            }
+        },
+    )?;
+    let exe = std::env::current_exe().context("finding the qtts executable")?;
+    let python = a
+        .python
+        .clone()
+        .or_else(|| std::env::var_os("QTTS_REFERENCE_PYTHON").map(PathBuf::from));
+    let script = a.reference_script.clone().unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/oracle/bench_reference.py")
+    });
+    if let Some(p) = &python {
+        anyhow::ensure!(
+            script.exists(),
+            "--python {} given, but the reference script {} does not exist: pass --reference-script",
+            p.display(),
+            script.display()
+        );
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let decoder = match a.decoder {
+        DecoderWeights::F32 => "f32",
+        DecoderWeights::Q8_0 => "q8_0",
+    };
+    eprintln!(
+        "bench: {preset_name} random weights in {}, {} frames ({:.1} s of audio) per run, {} rounds, \
+         prebuffer {} ms, decoder {decoder}, {cores} cores{}",
+        dir.display(),
+        a.frames,
+        a.frames as f64 * 0.08,
+        a.runs,
+        a.prebuffer_ms,
+        if python.is_some() { ", with the reference" } else { "" }
+    );
+    let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); a.types.len()];
+    let mut refs = Vec::new();
+    for round in 0..a.runs {
+        for (i, &ty) in a.types.iter().enumerate() {
+            let r = child(&exe, &bench::model_files(&dir, ty), a)?;
+            eprintln!(
+                "round {round} {:<5}: RTF {:.3}  TTFA {:.0} ms  underruns {}/{}  peak {:.0} MiB",
+                ty.name(),
+                r.rtf,
+                r.ttfa_ms,
+                r.underruns,
+                r.periods,
+                r.peak_rss_mib
+            );
+            reports[i].push(r);
+        }
+        if let Some(p) = &python {
+            let r = reference(p, &script, &checkpoint, a.reference_frames)?;
+            eprintln!("round {round} reference: RTF {:.3}", r.rtf_total);
+            refs.push(r);
+        }
+    }
+    let rows: Vec<Row> = a
+        .types
+        .iter()
+        .zip(&reports)
+        .map(|(ty, runs)| Row {
+            label: format!("{} (dec {decoder})", ty.name()),
+            medians: Medians::of(runs),
+        })
+        .collect();
+    println!(
+        "{preset_name}, {} frames per run, medians of {} runs, prebuffer {} ms, {cores} cores",
+        a.frames, a.runs, a.prebuffer_ms
+    );
+    print!("{}", bench::table(&rows, &refs));
+    if let Some(path) = &a.json {
+        let all: Vec<serde_json::Value> = a
+            .types
+            .iter()
+            .zip(&reports)
+            .map(|(ty, runs)| serde_json::json!({ "type": ty.name(), "decoder": decoder, "runs": runs }))
+            .collect();
+        std::fs::write(path, serde_json::to_string_pretty(&all)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
