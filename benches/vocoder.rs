@@ -1,7 +1,8 @@
 //! The streaming decoder on the full-size geometry: ms per frame when fed 1 frame per call and 4
 //! frames per call, on 1 and 2 threads, with f32 and f16 weights, and with every matrix as q8_0
 //! at load. The 1-frame, 1-thread, f32 case is the in-run baseline; the decoder's ≈ 5 GFLOP per
-//! frame (MODEL-NOTES.md §7) gives GFLOP/s.
+//! frame (MODEL-NOTES.md §7) gives GFLOP/s. Then the fused SnakeBeta against the five ggml ops it
+//! replaced (`snakebeta` group), f32 and q8_0 matrices, 1 thread, 1 frame per call.
 //!
 //! Run with: `QTTS_BENCH_MODELS=<dir with mmproj-f32.gguf, mmproj-f16.gguf> cargo bench --bench vocoder`
 //! (without it, the models are made once under the target directory, as in `benches/code_predictor.rs`).
@@ -57,6 +58,36 @@ fn bench(c: &mut Criterion) {
                     },
                 );
             }
+        }
+    }
+    g.finish();
+
+    // The fused SnakeBeta against the five ggml ops it replaced, interleaved in one group.
+    let mut g = c.benchmark_group("snakebeta, decoder per frame, 1 thread, 1 frame per call");
+    g.sample_size(10);
+    let pool = Threadpool::new(1, &[]).unwrap();
+    for q8 in [false, true] {
+        let f = GgufFile::open(dir.join("mmproj-f32.gguf")).unwrap();
+        let mut voc = Vocoder::load_with(&f, q8.then_some(qtts::gguf::GgmlType::Q8_0)).unwrap();
+        for fused in [false, true] {
+            voc.set_fused_snake(fused);
+            let name = format!(
+                "{} matrices, {}",
+                if q8 { "q8_0" } else { "f32" },
+                if fused {
+                    "fused snake"
+                } else {
+                    "five-op snake"
+                }
+            );
+            g.bench_function(name, |b| {
+                let mut t = 0;
+                b.iter(|| {
+                    voc.decode_frames(&pool, &codes[t % 28..t % 28 + 1], &mut out[..1920])
+                        .unwrap();
+                    t += 1;
+                })
+            });
         }
     }
     g.finish();

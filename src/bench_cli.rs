@@ -55,6 +55,9 @@ pub struct BenchArgs {
     /// Frames of each reference run (it runs about 10x slower than real time).
     #[arg(long, default_value_t = 24)]
     pub reference_frames: usize,
+    /// Frames per decoder call after an utterance's first (default: the engine's).
+    #[arg(long)]
+    pub decoder_chunk: Option<usize>,
     /// Write every run's report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -83,6 +86,8 @@ pub struct RunArgs {
     prebuffer_ms: f64,
     #[arg(long)]
     decoder_q8: bool,
+    #[arg(long)]
+    decoder_chunk: Option<usize>,
 }
 
 /// `qtts bench-run`.
@@ -91,9 +96,11 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
         talker: a.talker.clone(),
         mmproj: a.mmproj.clone(),
     };
+    let default = EngineConfig::default();
     let config = EngineConfig {
         decoder_q8: a.decoder_q8,
-        ..EngineConfig::default()
+        decoder_chunk: a.decoder_chunk.unwrap_or(default.decoder_chunk),
+        ..default
     };
     let report = bench::measure(&files, config, a.frames, a.prebuffer_ms)?;
     println!("{}", serde_json::to_string(&report)?);
@@ -113,6 +120,9 @@ fn child(exe: &Path, files: &qtts::engine::ModelFiles, a: &BenchArgs) -> anyhow:
         .arg(a.prebuffer_ms.to_string());
     if a.decoder == DecoderWeights::Q8_0 {
         cmd.arg("--decoder-q8");
+    }
+    if let Some(n) = a.decoder_chunk {
+        cmd.arg("--decoder-chunk").arg(n.to_string());
     }
     let out = cmd.output().context("starting qtts bench-run")?;
     anyhow::ensure!(

@@ -462,7 +462,7 @@ fn load_heads(f: &GgufFile, g: &Geometry) -> Result<Heads, ModelError> {
     let per_head = g.n_codes * g.n_embd;
     let n = head.ne.iter().product::<u64>() as usize;
     let quantized = !matches!(head.ty, GgmlType::F32 | GgmlType::F16);
-    if !quantized || !g.n_embd.is_multiple_of(32) || per_head == 0 || n % per_head != 0 {
+    if !quantized || !g.n_embd.is_multiple_of(32) || per_head == 0 || !n.is_multiple_of(per_head) {
         let w = crate::ffi::dequantize(head.ty, data, n).map_err(ModelError::from)?;
         return Ok(Heads::new(w, g.n_codes, g.n_embd, Kernel::detect()));
     }

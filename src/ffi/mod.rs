@@ -18,6 +18,7 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, Once};
 
 mod ops;
+pub use ops::RowKernel3;
 
 pub use llama_cpp_sys_2 as sys;
 

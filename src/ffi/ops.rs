@@ -240,3 +240,84 @@ impl Context {
         self.op(0, |c| unsafe { sys::ggml_sqr_inplace(c, x.ptr.as_ptr()) })
     }
 }
+
+/// A row kernel for [`Context::rows3`]: `(x, b, c, y)`, each one row of `ne0` values.
+pub type RowKernel3 = fn(&[f32], &[f32], &[f32], &mut [f32]);
+
+/// ggml's side of [`Context::rows3`]: splits the rows of `a` over the graph's threads and calls
+/// the kernel carried in `userdata` on each.
+unsafe extern "C" fn rows3_trampoline(
+    dst: *mut sys::ggml_tensor,
+    a: *const sys::ggml_tensor,
+    b: *const sys::ggml_tensor,
+    c: *const sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    userdata: *mut std::os::raw::c_void,
+) {
+    // SAFETY: `rows3` built this node: `userdata` is a `RowKernel3`, `a` and `dst` are contiguous
+    // f32 tensors of the same shape, `b` and `c` contiguous f32 rows of `a`'s row length, all
+    // allocated by the time ggml computes the node.
+    unsafe {
+        let kernel: RowKernel3 =
+            std::mem::transmute::<*mut std::os::raw::c_void, RowKernel3>(userdata);
+        let ne0 = (*a).ne[0] as usize;
+        let ne = (*a).ne;
+        let rows = (ne[1] * ne[2] * ne[3]) as usize;
+        let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
+        let per = rows.div_ceil(nth);
+        let (r0, r1) = ((ith * per).min(rows), ((ith + 1) * per).min(rows));
+        let x = (*a).data as *const f32;
+        let y = (*dst).data as *mut f32;
+        let bv = std::slice::from_raw_parts((*b).data as *const f32, ne0);
+        let cv = std::slice::from_raw_parts((*c).data as *const f32, ne0);
+        for r in r0..r1 {
+            let xr = std::slice::from_raw_parts(x.add(r * ne0), ne0);
+            let yr = std::slice::from_raw_parts_mut(y.add(r * ne0), ne0);
+            // A panic must not unwind into ggml; the kernels here do not panic on rows of
+            // matching lengths, and a caught one leaves the row as it was.
+            let _ =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kernel(xr, bv, cv, yr)));
+        }
+    }
+}
+
+impl Context {
+    /// `y = kernel(x, b, c)` row by row: a new tensor shaped as `x`, whose every row (of `ne0`
+    /// values) is computed by `kernel` from that row of `x` and the single rows `b` and `c`;
+    /// rows are split over the graph's threads. For fused elementwise ops ggml lacks.
+    pub fn rows3<'a>(
+        &'a self,
+        x: Tensor<'a>,
+        b: Tensor<'a>,
+        c: Tensor<'a>,
+        kernel: RowKernel3,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        Self::dense_f32("rows3 x", x)?;
+        Self::dense_f32("rows3 b", b)?;
+        Self::dense_f32("rows3 c", c)?;
+        let ne0 = x.ne()[0];
+        for (what, t) in [("rows3 b", b), ("rows3 c", c)] {
+            if t.n_elems() != ne0 {
+                return Err(GgmlError::Shape {
+                    what,
+                    expected: format!("one row of {ne0} values"),
+                    found: format!("{:?}", t.ne()),
+                });
+            }
+        }
+        // SAFETY: the tensors are live, contiguous f32 and shaped as the trampoline expects; the
+        // kernel is a plain function pointer, valid for the program's life.
+        self.op(x.n_elems(), |ctx| unsafe {
+            sys::ggml_map_custom3(
+                ctx,
+                x.ptr.as_ptr(),
+                b.ptr.as_ptr(),
+                c.ptr.as_ptr(),
+                Some(rows3_trampoline),
+                -1, // GGML_N_TASKS_MAX: every thread of the graph
+                kernel as *mut std::os::raw::c_void,
+            )
+        })
+    }
+}

@@ -24,10 +24,11 @@
 //! - [`Vocoder::decode_frames`] blocks the calling thread for the compute, on the caller's
 //!   threadpool, and writes into the caller's buffer.
 //! - Convs are im2col columns times the kernel matrix; depthwise convs and the trimmed transposed
-//!   convs are sums of shifted rows. A graph's intermediate tensors each own their memory (no reuse
-//!   between nodes beyond in-place ops): about 85 MB per frame of chunk for the full-size decoder.
-//!   NB: measured on a random-weight 0.6B f16 file on 2 shared cores: ~190 ms per frame in 1-frame
-//!   chunks, ~140 ms per frame in 8-frame chunks; not yet real time (the convs are ~5 GFLOP/frame).
+//!   convs are sums of shifted rows; SnakeBeta is one fused pass ([`snake`]). Intermediate
+//!   tensors share one buffer sized to the graph's peak (ggml's graph allocator).
+//! - Speed: PERFORMANCE.md (about 5 GFLOP per frame; not yet real time on 2 AVX2 cores).
+
+mod snake;
 
 use std::collections::BTreeMap;
 
@@ -230,6 +231,8 @@ pub struct Vocoder {
     non_finite: u64,
     /// Recorded stages when capturing.
     capture: Option<BTreeMap<&'static str, Vec<f32>>>,
+    /// SnakeBeta as one fused pass (default) or as five ggml ops (the benches' baseline).
+    fused_snake: bool,
     /// Scratch of a chunk's inputs (reused).
     scratch_i32: Vec<i32>,
     scratch_f32: Vec<f32>,
@@ -561,6 +564,7 @@ impl Vocoder {
             pos: 0,
             non_finite: 0,
             capture: None,
+            fused_snake: true,
             scratch_i32: Vec::new(),
             scratch_f32: Vec::new(),
             state,
@@ -628,6 +632,15 @@ impl Vocoder {
         self.capture = on.then(BTreeMap::new);
     }
 
+    /// SnakeBeta as one fused pass ([`snake::row`], the default) or, with `false`, as the five
+    /// ggml ops it replaced (mul, sin, sqr, mul, add): the in-run baseline of the benches.
+    pub fn set_fused_snake(&mut self, on: bool) {
+        if on != self.fused_snake {
+            self.graphs.iter_mut().for_each(|g| *g = None);
+        }
+        self.fused_snake = on;
+    }
+
     /// The stages recorded since capture was switched on, each `[channels, rows]` time-major.
     pub fn take_capture(&mut self) -> BTreeMap<&'static str, Vec<f32>> {
         self.capture
@@ -639,7 +652,14 @@ impl Vocoder {
     fn ensure_graph(&mut self, n: usize) -> Result<(), GgmlError> {
         if self.graphs[n - 1].is_none() {
             let keep = self.capture.is_some();
-            let g = build_chunk(&self.weights, &self.state, &self.geometry, n, keep)?;
+            let g = build_chunk(
+                &self.weights,
+                &self.state,
+                &self.geometry,
+                n,
+                keep,
+                self.fused_snake,
+            )?;
             self.graphs[n - 1] = Some(g);
         }
         Ok(())
@@ -774,6 +794,7 @@ struct Builder<'a> {
     w: &'a Context,
     s: &'a Context,
     writes: Vec<Tensor<'a>>,
+    fused_snake: bool,
 }
 
 impl<'a> Builder<'a> {
@@ -837,12 +858,18 @@ impl<'a> Builder<'a> {
     }
 
     /// SnakeBeta `name`: `x + β⁻¹ · sin²(α · x)` (α and β⁻¹ stored as such), in one new buffer.
+    /// One fused pass ([`snake::row`]).
     fn snake(&self, x: Tensor<'a>, name: &str) -> Result<Tensor<'a>, GgmlError> {
         let c = self.c;
-        let a = c.mul(x, self.wt(&format!("{name}.alpha"))?)?;
-        let sin2 = c.sqr_inplace(c.sin_inplace(a)?)?;
-        let y = c.mul_inplace(sin2, self.wt(&format!("{name}.beta"))?)?;
-        c.add_inplace(y, x)
+        let alpha = self.wt(&format!("{name}.alpha"))?;
+        let inv_beta = self.wt(&format!("{name}.beta"))?;
+        if !self.fused_snake {
+            let a = c.mul(x, alpha)?;
+            let sin2 = c.sqr_inplace(c.sin_inplace(a)?)?;
+            let y = c.mul_inplace(sin2, inv_beta)?;
+            return c.add_inplace(y, x);
+        }
+        c.rows3(x, alpha, inv_beta, snake::row)
     }
 
     /// `w · x + b` for Linear `name`.
@@ -865,6 +892,7 @@ fn build_chunk(
     g: &Geometry,
     n: usize,
     keep_stages: bool,
+    fused_snake: bool,
 ) -> Result<OwnedGraph, GgmlError> {
     // SAFETY: the graph reads the weights of `w` and reads and writes the state of `s`, which
     // `Vocoder` owns, never resets (reset only writes values) and drops after its graphs.
@@ -876,6 +904,7 @@ fn build_chunk(
                     w,
                     s,
                     writes: Vec::new(),
+                    fused_snake,
                 },
                 g,
                 n,
