@@ -77,6 +77,7 @@ fn main() {
     req.voice.speaker = Some("vivian".into());
     req.voice.language = Some("english".into());
     req.max_frames = Some(frames);
+    req.min_frames = frames;
     req.seed = 1;
 
     let pipelined = |engine: &mut Engine| -> Summary {

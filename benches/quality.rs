@@ -76,6 +76,7 @@ fn main() {
         repetition_penalty: 1.05,
         seed: 0,
         max_frames: Some(frames + 1),
+        min_frames: frames + 1,
     };
     // Greedy frames; the rows fed to the talker are kept as the teacher-forced inputs.
     let mut codes: Vec<[u32; 16]> = Vec::new();

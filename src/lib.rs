@@ -1,8 +1,10 @@
 //! qtts: a CPU-first, streaming text-to-speech engine for the Qwen3-TTS-12Hz models.
 //!
-//! Contract of this crate as it stands: it reads official Hugging Face checkpoints, converts them to
-//! llama.cpp's Qwen3-TTS GGUF layout, and validates every GGUF file in Rust before llama.cpp or ggml
-//! sees it. Nothing here spawns a thread; file reading and writing block the calling thread.
+//! It reads official Hugging Face checkpoints, converts them to llama.cpp's Qwen3-TTS GGUF layout
+//! and validates every GGUF file in Rust before llama.cpp or ggml sees it; [`engine::Engine`] runs
+//! the talker, the code predictor and the decoder on three pinned threads and streams the audio
+//! into an [`audio::AudioSink`]. Only the engine (and the audio devices it is given) spawns
+//! threads; the stages themselves run on the caller's thread ([`engine::serial::Serial`]).
 //! See `ARCHITECTURE.md` for the whole engine and which parts exist.
 
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]

@@ -243,6 +243,7 @@ fn requests(
         repetition_penalty: None,
         seed: args.seed,
         max_frames: args.max_frames,
+        min_frames: qtts::talker::MIN_FRAMES,
         keep_codes: args.codes_out.is_some(),
     };
     let base = if args.greedy { base.greedy() } else { base };

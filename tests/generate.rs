@@ -29,6 +29,7 @@ fn greedy(max_frames: usize) -> GenOptions {
         repetition_penalty: 1.05,
         seed: 0,
         max_frames: Some(max_frames),
+        min_frames: qtts::talker::MIN_FRAMES,
     }
 }
 
@@ -462,4 +463,64 @@ fn a_talker_without_the_carried_config_reads_its_ids_from_the_vocabulary() {
         codes.push(got);
     }
     assert_eq!(codes[0], codes[1]);
+}
+
+#[test]
+fn a_shared_prompt_prefix_is_reused_and_changes_nothing() {
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let talker = Talker::load(&out.talker).unwrap();
+    let prompt = |text: &str| {
+        talker
+            .prompt(
+                &TextInput::Text(text.into()),
+                &vivian(),
+                TextMode::Streaming,
+            )
+            .unwrap()
+    };
+    let (a, b) = (prompt("Hello there."), prompt("Goodbye now."));
+    let h = talker.n_embd();
+    // Prompts of one voice in streaming mode differ in their last row only.
+    let shared = a
+        .rows
+        .chunks_exact(h)
+        .zip(b.rows.chunks_exact(h))
+        .take_while(|(x, y)| x == y)
+        .count();
+    assert_eq!(shared, b.len() - 1, "rows of {} and {}", a.len(), b.len());
+    let g = talker.generation_config().clone();
+    let opts = GenOptions::from_config(&g, 3);
+    let row = vec![0.01f32; h];
+
+    // A fresh session's prefill of b: the reference.
+    let mut fresh = Session::new(&talker, 128, 1, None, false).unwrap();
+    fresh.start(&b, &opts).unwrap();
+    assert_eq!(fresh.reused_rows(), 0);
+    let (logits, hidden) = (
+        fresh.raw_logits().unwrap().to_vec(),
+        fresh.hidden().to_vec(),
+    );
+
+    // a, three frames of it, then b: all of b but its last row comes from a's cache.
+    let mut warm = Session::new(&talker, 128, 1, None, false).unwrap();
+    warm.start(&a, &opts).unwrap();
+    for _ in 0..3 {
+        warm.feed(&row).unwrap();
+    }
+    warm.start(&b, &opts).unwrap();
+    assert_eq!(warm.reused_rows(), b.len() - 1);
+    let el = common::max_abs(warm.raw_logits().unwrap(), &logits);
+    let eh = common::max_abs(warm.hidden(), &hidden);
+    assert!(el < 1e-4 && eh < 1e-4, "logits {el}, hidden {eh}");
+    // Its frames go on from the right position: the next step equals the fresh session's.
+    fresh.feed(&row).unwrap();
+    warm.feed(&row).unwrap();
+    let el = common::max_abs(warm.raw_logits().unwrap(), fresh.raw_logits().unwrap());
+    assert!(el < 1e-4, "step logits {el}");
+
+    // The exact path never reuses.
+    let mut exact = Session::new(&talker, 128, 1, None, true).unwrap();
+    exact.start(&a, &opts).unwrap();
+    exact.start(&b, &opts).unwrap();
+    assert_eq!(exact.reused_rows(), 0);
 }

@@ -205,6 +205,9 @@ pub struct Request {
     pub seed: u64,
     /// Frame cap per utterance; `None`: the runaway guard scaled to its text.
     pub max_frames: Option<usize>,
+    /// Frames per utterance before end-of-speech may be sampled (at least
+    /// [`crate::talker::MIN_FRAMES`]); with `max_frames`, forces a frame count (benches).
+    pub min_frames: usize,
     /// Keep every frame's codes in the summary.
     pub keep_codes: bool,
 }
@@ -221,6 +224,7 @@ impl Request {
             repetition_penalty: None,
             seed: 0,
             max_frames: None,
+            min_frames: crate::talker::MIN_FRAMES,
             keep_codes: false,
         }
     }
@@ -563,6 +567,7 @@ pub(crate) fn plan_request(
                     repetition_penalty: penalty,
                     seed: req.seed.wrapping_add(i as u64),
                     max_frames: req.max_frames,
+                    min_frames: req.min_frames,
                 },
                 cp_sampling,
                 report: SegmentReport {

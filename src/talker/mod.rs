@@ -226,6 +226,9 @@ pub struct GenOptions {
     pub seed: u64,
     /// Frame cap; `None`: [`Talker::frame_cap`] of the text length.
     pub max_frames: Option<usize>,
+    /// Frames before end-of-speech may be sampled: at least [`MIN_FRAMES`] (benches force a
+    /// frame count with `min_frames = max_frames`).
+    pub min_frames: usize,
 }
 
 impl GenOptions {
@@ -236,6 +239,7 @@ impl GenOptions {
             repetition_penalty: g.repetition_penalty as f32,
             seed,
             max_frames: None,
+            min_frames: MIN_FRAMES,
         }
     }
 }
@@ -733,6 +737,14 @@ pub struct Session<'t> {
     pos: usize,
     frames: usize,
     cap: usize,
+    /// Whether the KV cache is f32 (the exact path, which always prefills the whole prompt).
+    exact: bool,
+    /// The rows of the prompt whose keys and values are at positions `0..` of the KV cache: the
+    /// next prompt's rows equal to these are not computed again (prompts of one voice differ only
+    /// in their last rows). Empty when the cache holds nothing reusable.
+    cached: Vec<f32>,
+    /// Prompt rows reused by the last [`Session::start`].
+    reused: usize,
 }
 
 impl<'t> Session<'t> {
@@ -767,7 +779,16 @@ impl<'t> Session<'t> {
             pos: 0,
             frames: 0,
             cap: 0,
+            exact,
+            cached: Vec::new(),
+            reused: 0,
         })
+    }
+
+    /// Prompt rows the last [`Session::start`] took from the previous prompt's KV cache instead
+    /// of computing them (0 in `exact` mode, for a new voice, or after an error).
+    pub fn reused_rows(&self) -> usize {
+        self.reused
     }
 
     /// The talker this session runs.
@@ -800,7 +821,10 @@ impl<'t> Session<'t> {
         self.cap
     }
 
-    /// Starts an utterance: clears the KV cache, runs the prefill and picks the first code.
+    /// Starts an utterance: runs the prefill and picks the first code. Outside `exact` mode, the
+    /// leading rows equal to the previous prompt's keep their keys and values from then (the
+    /// cache is causal, so they are the same) and only the rest is computed; at least the last
+    /// row always is. `exact` mode clears the cache and computes every row, as the reference does.
     pub fn start(&mut self, prompt: &Prompt, opts: &GenOptions) -> Result<Next, TalkerError> {
         let h = self.talker.n_embd;
         if prompt.n_embd != h || prompt.is_empty() || !prompt.trailing.len().is_multiple_of(h) {
@@ -816,7 +840,29 @@ impl<'t> Session<'t> {
                 n_ctx: self.n_ctx,
             });
         }
-        self.ctx.clear();
+        let same = if self.exact {
+            0
+        } else {
+            prompt
+                .rows
+                .chunks_exact(h)
+                .zip(self.cached.chunks_exact(h))
+                .take_while(|(a, b)| {
+                    a.iter()
+                        .zip(b.iter())
+                        .all(|(x, y)| x.to_bits() == y.to_bits())
+                })
+                .count()
+                .min(n - 1)
+        };
+        // Until this prefill succeeds the cache holds nothing reusable.
+        self.cached.clear();
+        self.reused = if same > 0 && self.ctx.truncate(same) {
+            same
+        } else {
+            self.ctx.clear();
+            0
+        };
         self.options = Some(*opts);
         self.sampler = Sampler::new(opts.seed);
         self.seen.iter_mut().for_each(|s| *s = false);
@@ -836,10 +882,13 @@ impl<'t> Session<'t> {
             self.batch = EmbdBatch::new(n, h);
         }
         self.batch.clear();
-        for (i, row) in prompt.rows.chunks_exact(h).enumerate() {
+        for (i, row) in prompt.rows.chunks_exact(h).enumerate().skip(self.reused) {
             self.batch.push(row, i as i32, i + 1 == n)?;
         }
         self.ctx.decode(&mut self.batch)?;
+        if !self.exact {
+            self.cached.extend_from_slice(&prompt.rows);
+        }
         self.pos = n;
         self.next()
     }
@@ -908,7 +957,7 @@ impl<'t> Session<'t> {
             &self.seen,
             opts.repetition_penalty,
             eos,
-            self.frames < MIN_FRAMES,
+            self.frames < opts.min_frames.max(MIN_FRAMES),
         );
         let code = self.sampler.sample(&self.logits, &opts.sampling);
         if code as usize == eos {
