@@ -460,6 +460,9 @@ enum DecMsg {
     },
     SegmentStart,
     Frame([u32; 16]),
+    /// An utterance's first frame, sent with the burst on: decoded on every core while the code
+    /// predictor waits (so the talker does too), then acknowledged on the first-frame channel.
+    FirstFrame([u32; 16]),
     SegmentEnd,
     End(Box<EndMsg>),
 }
@@ -590,6 +593,8 @@ impl Engine {
         let (cp_tx, cp_rx) = bounded::<CpMsg>(1);
         let (reply_tx, reply_rx) = bounded::<CpReply>(1);
         let (dec_tx, dec_rx) = bounded::<DecMsg>(config.codes_queue.max(1));
+        // Decoder → CP: "an utterance's first frame is written" (see `DecMsg::FirstFrame`).
+        let (first_tx, first_rx) = bounded::<()>(1);
         let (ready_tx, ready_rx) = bounded::<Result<Option<StartInfo>, EngineError>>(3);
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
@@ -610,14 +615,14 @@ impl Engine {
             let (files, cfg, ready) = (files.clone(), config.clone(), ready_tx.clone());
             threads.push(spawn(
                 "qtts-cp",
-                Box::new(move || cp_thread(files, cfg, ready, cp_rx, reply_tx, dec_tx)),
+                Box::new(move || cp_thread(files, cfg, ready, cp_rx, reply_tx, dec_tx, first_rx)),
             )?);
         }
         {
             let (files, cfg, ready) = (files.clone(), config.clone(), ready_tx);
             threads.push(spawn(
                 "qtts-decoder",
-                Box::new(move || decoder_thread(files, cfg, ready, dec_rx)),
+                Box::new(move || decoder_thread(files, cfg, ready, dec_rx, first_tx)),
             )?);
         }
         let mut info = None;
@@ -912,6 +917,7 @@ fn cp_thread(
     rx: Receiver<CpMsg>,
     reply: Sender<CpReply>,
     dec_tx: Sender<DecMsg>,
+    first_done: Receiver<()>,
 ) {
     let setup = (|| -> Result<(Threadpool, Option<Threadpool>, CodePredictor), EngineError> {
         let pool = pin(&cfg.plan.cp)?;
@@ -980,7 +986,15 @@ fn cp_thread(
                     }
                 };
                 let t = Instant::now();
-                if dec_tx.send(DecMsg::Frame(codes)).is_err() {
+                // With the burst, an utterance's first frame is decoded on every core next; the
+                // talker and this stage wait for it rather than compete for the cores.
+                let first = reseed.is_some() && burst.is_some();
+                let msg = if first {
+                    DecMsg::FirstFrame(codes)
+                } else {
+                    DecMsg::Frame(codes)
+                };
+                if dec_tx.send(msg).is_err() || (first && first_done.recv().is_err()) {
                     return;
                 }
                 record(&mut metrics.cp_send_wait, t.elapsed());
@@ -1005,17 +1019,24 @@ struct Active {
     summary: Summary,
 }
 
-fn decoder_thread(files: ModelFiles, cfg: EngineConfig, ready: Ready, rx: Receiver<DecMsg>) {
-    let setup = (|| -> Result<(Threadpool, Vocoder), EngineError> {
+fn decoder_thread(
+    files: ModelFiles,
+    cfg: EngineConfig,
+    ready: Ready,
+    rx: Receiver<DecMsg>,
+    first_done: Sender<()>,
+) {
+    let setup = (|| -> Result<(Threadpool, Option<Threadpool>, Vocoder), EngineError> {
         let pool = pin(&cfg.plan.decoder)?;
+        let burst = burst_pool(&cfg, &cfg.plan.decoder)?;
         let mut voc = Vocoder::load_with(
             &GgufFile::open(&files.mmproj)?,
             cfg.decoder_q8.then_some(crate::gguf::GgmlType::Q8_0),
         )?;
         voc.set_max_chunk(cfg.decoder_chunk.max(1));
-        Ok((pool, voc))
+        Ok((pool, burst, voc))
     })();
-    let Some((pool, mut voc)) = announce(ready, setup) else {
+    let Some((pool, burst, mut voc)) = announce(ready, setup) else {
         return;
     };
     let chunk = cfg.decoder_chunk.max(1);
@@ -1057,7 +1078,8 @@ fn decoder_thread(files: ModelFiles, cfg: EngineConfig, ready: Ready, rx: Receiv
                     a.chunk = 1;
                 }
             }
-            DecMsg::Frame(codes) => {
+            DecMsg::Frame(codes) | DecMsg::FirstFrame(codes) => {
+                let first = matches!(msg, DecMsg::FirstFrame(_));
                 if let Some(a) = active.as_mut() {
                     record(&mut metrics.decoder_wait, waited);
                     a.summary.frames += 1;
@@ -1066,9 +1088,17 @@ fn decoder_thread(files: ModelFiles, cfg: EngineConfig, ready: Ready, rx: Receiv
                     }
                     a.pending.push(codes);
                     if a.pending.len() >= a.chunk {
-                        decode_pending(&mut voc, &pool, a, &mut pcm, &mut metrics);
+                        let on = match (&burst, first) {
+                            (Some(b), true) => b,
+                            _ => &pool,
+                        };
+                        decode_pending(&mut voc, on, a, &mut pcm, &mut metrics);
                         a.chunk = chunk;
                     }
+                }
+                // The code predictor waits for this, whatever became of the frame.
+                if first && first_done.send(()).is_err() {
+                    return;
                 }
             }
             DecMsg::SegmentEnd => {

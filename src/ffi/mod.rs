@@ -1251,8 +1251,16 @@ impl<'m> LlamaContext<'m> {
     /// As [`LlamaContext::attach_threadpool`], with `batch` for batches of more than one row (the
     /// prefill) and `pool` for single rows (the steps).
     pub fn attach_threadpools(&mut self, pool: &'m Threadpool, batch: &'m Threadpool) {
-        // SAFETY: the pointers are live; the lifetime ties the pools to the model's borrow.
-        unsafe { sys::llama_attach_threadpool(self.ptr.as_ptr(), pool.as_ptr(), batch.as_ptr()) }
+        // SAFETY: the pointers are live; the lifetime ties the pools to the model's borrow. The
+        // thread counts follow the pools: llama.cpp computes with its own counts, not the pool's.
+        unsafe {
+            sys::llama_attach_threadpool(self.ptr.as_ptr(), pool.as_ptr(), batch.as_ptr());
+            sys::llama_set_n_threads(
+                self.ptr.as_ptr(),
+                pool.n_threads() as i32,
+                batch.n_threads() as i32,
+            );
+        }
     }
 
     /// Decodes a batch of embedding rows.

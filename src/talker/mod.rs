@@ -739,6 +739,8 @@ pub struct Session<'t> {
     cap: usize,
     /// Whether the KV cache is f32 (the exact path, which always prefills the whole prompt).
     exact: bool,
+    /// The step pool and the prefill pool, when given.
+    pools: Option<(&'t Threadpool, &'t Threadpool)>,
     /// The rows of the prompt whose keys and values are at positions `0..` of the KV cache: the
     /// next prompt's rows equal to these are not computed again (prompts of one voice differ only
     /// in their last rows). Empty when the cache holds nothing reusable.
@@ -760,8 +762,9 @@ impl<'t> Session<'t> {
         exact: bool,
     ) -> Result<Self, TalkerError> {
         let mut ctx = LlamaContext::with_kv(&talker.model, n_ctx as u32, n_threads, exact)?;
-        if let Some((pool, batch)) = pool {
-            ctx.attach_threadpools(pool, batch.unwrap_or(pool));
+        let pools = pool.map(|(pool, batch)| (pool, batch.unwrap_or(pool)));
+        if let Some((pool, batch)) = pools {
+            ctx.attach_threadpools(pool, batch);
         }
         let h = talker.n_embd;
         Ok(Session {
@@ -780,6 +783,7 @@ impl<'t> Session<'t> {
             frames: 0,
             cap: 0,
             exact,
+            pools,
             cached: Vec::new(),
             reused: 0,
         })
@@ -885,7 +889,16 @@ impl<'t> Session<'t> {
         for (i, row) in prompt.rows.chunks_exact(h).enumerate().skip(self.reused) {
             self.batch.push(row, i as i32, i + 1 == n)?;
         }
-        self.ctx.decode(&mut self.batch)?;
+        // The whole prefill on the prefill pool, even a single remaining row (which llama.cpp
+        // would otherwise give the step pool).
+        if let Some((pool, batch)) = self.pools {
+            self.ctx.attach_threadpools(batch, batch);
+            let r = self.ctx.decode(&mut self.batch);
+            self.ctx.attach_threadpools(pool, batch);
+            r?;
+        } else {
+            self.ctx.decode(&mut self.batch)?;
+        }
         if !self.exact {
             self.cached.extend_from_slice(&prompt.rows);
         }
