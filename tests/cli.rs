@@ -218,3 +218,83 @@ fn bad_requests_are_explained() {
     let r = qtts(&["synth", "   ", "--out", w], tmp.path());
     assert!(stderr(&r).contains("nothing to speak"), "{}", stderr(&r));
 }
+
+#[test]
+fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
+    let (tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let models = out.talker.parent().unwrap().to_str().unwrap().to_owned();
+    let json = tmp.path().join("runs.json");
+    let r = qtts(
+        &[
+            "bench",
+            "--models",
+            &models,
+            "--types",
+            "f32",
+            "--decoder",
+            "f32",
+            "--frames",
+            "6",
+            "--runs",
+            "2",
+            "--prebuffer-ms",
+            "100",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(r.status.success(), "{}", stderr(&r));
+    let table = String::from_utf8_lossy(&r.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("f32 (dec f32)"))
+        .unwrap_or_else(|| panic!("no f32 row in\n{table}"));
+    assert_eq!(
+        row.split_whitespace().nth(3),
+        Some("2"),
+        "runs column: {row}"
+    );
+    assert!(
+        !table.contains("reference"),
+        "no reference without --python: {table}"
+    );
+    let all: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = all[0]["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for run in runs {
+        // The frame count is forced, 6 frames are 0.48 s, and the paced device played them all.
+        assert_eq!(run["frames"], 6);
+        assert!((run["audio_s"].as_f64().unwrap() - 0.48).abs() < 1e-9);
+        let (underruns, periods) = (
+            run["underruns"].as_u64().unwrap(),
+            run["periods"].as_u64().unwrap(),
+        );
+        assert!(periods >= 24 && underruns <= periods, "{run}");
+        assert!(run["rtf"].as_f64().unwrap() > 0.0 && run["ttfa_ms"].as_f64().unwrap() > 0.0);
+        assert!(run["peak_rss_mib"].as_f64().unwrap() > 1.0);
+        let stages: Vec<&str> = run["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap())
+            .collect();
+        for want in ["talker step", "cp frame", "decoder frame", "talker prefill"] {
+            assert!(stages.contains(&want), "{want} missing from {stages:?}");
+        }
+    }
+    // A directory without the weights, and nothing to make them from: a clear error.
+    let r = qtts(
+        &[
+            "bench",
+            "--models",
+            tmp.path().join("empty").to_str().unwrap(),
+            "--types",
+            "q8_0",
+        ],
+        tmp.path(),
+    );
+    assert!(!r.status.success());
+    assert!(stderr(&r).contains("pass --tokenizer"), "{}", stderr(&r));
+}

@@ -165,8 +165,9 @@ pub struct EngineConfig {
     pub q8_heads: bool,
     /// The decoder's conv and linear matrices as q8_0 (faster, not exact; PERFORMANCE.md).
     pub decoder_q8: bool,
-    /// Run the talker's prefill and each utterance's first code-predictor frame on every core of
-    /// the plan (the decoder has nothing to do then): a shorter time to first audio.
+    /// Run each utterance's first frame on every core of the plan, one stage after the other: the
+    /// talker's prefill, the code predictor, then the decoder while the others wait. A shorter
+    /// time to first audio, for about one decoder frame of delay to the second frame.
     pub burst: bool,
 }
 

@@ -93,7 +93,8 @@ impl Context {
         })
     }
 
-    /// A view of rows `first..first + n` of a contiguous 2-D tensor `x` (`[ne0, rows]`).
+    /// A view of rows `first..first + n` of a contiguous 2-D tensor `x` (`[ne0, rows]`, of any
+    /// type: quantized rows are whole blocks).
     pub fn rows<'a>(
         &'a self,
         x: Tensor<'a>,
@@ -109,10 +110,15 @@ impl Context {
             });
         }
         // SAFETY: the tensor is live; its strides are read to check contiguity.
-        let nb = unsafe { (*x.ptr.as_ptr()).nb };
-        // SAFETY: as above; the element size of its type.
-        let es = unsafe { sys::ggml_element_size(x.ptr.as_ptr()) };
-        if nb[0] != es || nb[1] != es * ne[0] {
+        let (nb, ty) = unsafe { ((*x.ptr.as_ptr()).nb, (*x.ptr.as_ptr()).type_) };
+        // SAFETY: plain queries of the type's sizes.
+        let (es, row) = unsafe {
+            (
+                sys::ggml_type_size(ty),
+                sys::ggml_row_size(ty, ne[0] as i64),
+            )
+        };
+        if nb[0] != es || nb[1] != row {
             return Err(GgmlError::Shape {
                 what: "rows",
                 expected: "a contiguous tensor".into(),
