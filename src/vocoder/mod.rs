@@ -24,7 +24,7 @@
 //! - [`Vocoder::decode_frames`] blocks the calling thread for the compute, on the caller's
 //!   threadpool, and writes into the caller's buffer.
 //! - Convs are im2col columns times the kernel matrix; depthwise convs and the trimmed transposed
-//!   convs are sums of shifted rows; SnakeBeta is one fused pass ([`snake`]). Intermediate
+//!   convs are sums of shifted rows; SnakeBeta is one fused pass (`snake.rs`). Intermediate
 //!   tensors share one buffer sized to the graph's peak (ggml's graph allocator).
 //! - Speed: PERFORMANCE.md (about 5 GFLOP per frame; not yet real time on 2 AVX2 cores).
 
@@ -632,7 +632,7 @@ impl Vocoder {
         self.capture = on.then(BTreeMap::new);
     }
 
-    /// SnakeBeta as one fused pass ([`snake::row`], the default) or, with `false`, as the five
+    /// SnakeBeta as one fused pass (`snake::row`, the default) or, with `false`, as the five
     /// ggml ops it replaced (mul, sin, sqr, mul, add): the in-run baseline of the benches.
     pub fn set_fused_snake(&mut self, on: bool) {
         if on != self.fused_snake {
@@ -858,7 +858,7 @@ impl<'a> Builder<'a> {
     }
 
     /// SnakeBeta `name`: `x + β⁻¹ · sin²(α · x)` (α and β⁻¹ stored as such), in one new buffer.
-    /// One fused pass ([`snake::row`]).
+    /// One fused pass (`snake::row`).
     fn snake(&self, x: Tensor<'a>, name: &str) -> Result<Tensor<'a>, GgmlError> {
         let c = self.c;
         let alpha = self.wt(&format!("{name}.alpha"))?;
