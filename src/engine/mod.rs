@@ -26,6 +26,9 @@
 //! - Determinism: the codes of a request depend only on the request (seed included), never on
 //!   thread timing; the decoder's chunking is fixed (1 frame, then `decoder_chunk` at a time), so
 //!   the samples are too. [`serial::Serial`] computes the same samples on one thread.
+//! - First frame: with [`EngineConfig::burst`], an utterance's first frame runs stage after stage
+//!   on every core (prefill, code predictor, then decoder); the code predictor waits for the
+//!   decoder's acknowledgement (the first-frame channel, capacity 1) before the talker may go on.
 //! - Dropping the engine stops and joins its threads.
 
 pub mod serial;
