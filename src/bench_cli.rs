@@ -208,7 +208,19 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             }
         },
     )?;
+    // The children run a copy of this executable: rebuilding qtts during a bench (cargo replaces
+    // the file) must not change what the later runs measure.
     let exe = std::env::current_exe().context("finding the qtts executable")?;
+    let copy = tempfile::Builder::new()
+        .prefix("qtts-bench-")
+        .tempdir()
+        .context("making a temporary directory for the bench's copy of qtts")?;
+    let exe = {
+        let to = copy.path().join("qtts");
+        std::fs::copy(&exe, &to)
+            .with_context(|| format!("copying {} to {}", exe.display(), to.display()))?;
+        to
+    };
     let python = a
         .python
         .clone()
