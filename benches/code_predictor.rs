@@ -30,7 +30,7 @@ fn bench(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("cp frame, {threads} thread(s)"));
         g.sample_size(20);
         for ty in TYPES {
-            let f = GgufFile::open(dir.join(format!("mmproj-{}.gguf", ty.name()))).unwrap();
+            let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
             let mut cp = CodePredictor::load(&f).unwrap();
             let greedy = &mut |_: usize, l: &[f32]| qtts::sampling::argmax(l);
             for _ in 0..10 {

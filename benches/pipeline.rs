@@ -18,8 +18,9 @@ mod common;
 use std::time::Duration;
 
 use qtts::audio::MemorySink;
+use qtts::bench::{median, model_files};
 use qtts::engine::serial::Serial;
-use qtts::engine::{Engine, EngineConfig, ModelFiles, Request, Summary, ThreadPlan};
+use qtts::engine::{Engine, EngineConfig, Request, Summary, ThreadPlan};
 use qtts::model::convert::OutType;
 
 fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
@@ -27,11 +28,6 @@ fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {
@@ -44,10 +40,7 @@ fn main() {
     let frames: usize = env("QTTS_BENCH_FRAMES", 24);
     let runs: usize = env("QTTS_BENCH_RUNS", 3);
     let dir = common::models(&[ty]);
-    let files = ModelFiles {
-        talker: dir.join(format!("talker-{}.gguf", ty.name())),
-        mmproj: dir.join(format!("mmproj-{}.gguf", ty.name())),
-    };
+    let files = model_files(&dir, ty);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut config = EngineConfig {
         decoder_q8: env("QTTS_BENCH_DECODER_Q8", 0u8) == 1,

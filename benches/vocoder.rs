@@ -31,7 +31,7 @@ fn bench(c: &mut Criterion) {
         (OutType::F16, false),
         (OutType::F32, true),
     ] {
-        let f = GgufFile::open(dir.join(format!("mmproj-{}.gguf", ty.name()))).unwrap();
+        let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
         let mut voc = Vocoder::load_with(&f, q8.then_some(qtts::gguf::GgmlType::Q8_0)).unwrap();
         let label = if q8 { "q8_0 matrices" } else { ty.name() };
         for threads in [1, 2] {

@@ -72,9 +72,10 @@ pub struct RunReport {
 
 /// The GGUF pair of weight type `ty` in a bench directory made by [`ensure_models`].
 pub fn model_files(dir: &Path, ty: OutType) -> ModelFiles {
+    let c = crate::model::convert::output_paths(dir, ty);
     ModelFiles {
-        talker: dir.join(format!("talker-{}.gguf", ty.name())),
-        mmproj: dir.join(format!("mmproj-{}.gguf", ty.name())),
+        talker: c.talker,
+        mmproj: c.mmproj,
     }
 }
 

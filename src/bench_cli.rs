@@ -141,8 +141,8 @@ fn reference(
     script: &Path,
     checkpoint: &Path,
     frames: usize,
+    json: &Path,
 ) -> anyhow::Result<ReferenceReport> {
-    let json = std::env::temp_dir().join(format!("qtts-reference-{}.json", std::process::id()));
     let out = Command::new(python)
         .arg(script)
         .arg("--model")
@@ -155,7 +155,7 @@ fn reference(
             "--streaming-text",
         ])
         .arg("--json")
-        .arg(&json)
+        .arg(json)
         .output()
         .with_context(|| format!("starting {}", python.display()))?;
     anyhow::ensure!(
@@ -167,8 +167,7 @@ fn reference(
         String::from_utf8_lossy(&out.stderr).trim()
     );
     let text =
-        std::fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?;
-    let _ = std::fs::remove_file(&json);
+        std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))
 }
 
@@ -209,7 +208,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         },
     )?;
     // The children run a copy of this executable: rebuilding qtts during a bench (cargo replaces
-    // the file) must not change what the later runs measure.
+    // the file) must not change what the later runs measure. The reference writes its JSON there
+    // too.
     let exe = std::env::current_exe().context("finding the qtts executable")?;
     let copy = tempfile::Builder::new()
         .prefix("qtts-bench-")
@@ -268,7 +268,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             reports[i].push(r);
         }
         if let Some(p) = &python {
-            let r = reference(p, &script, &checkpoint, a.reference_frames)?;
+            let json = copy.path().join("reference.json");
+            let r = reference(p, &script, &checkpoint, a.reference_frames, &json)?;
             eprintln!("round {round} reference: RTF {:.3}", r.rtf_total);
             refs.push(r);
         }

@@ -1308,23 +1308,19 @@ impl<'m> LlamaContext<'m> {
         unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) }
     }
 
-    /// Keeps positions `0..keep` of the KV cache and drops the rest; clears it all when llama.cpp
-    /// cannot drop a part. Returns whether the first `keep` positions were kept.
+    /// Keeps positions `0..keep` of the KV cache and drops the rest. Returns false when llama.cpp
+    /// cannot drop a part of it (the caller then clears it).
     pub fn truncate(&mut self, keep: usize) -> bool {
         // SAFETY: the context is live; its memory handle lives as long as it; sequence 0 is the
         // only one (n_seq_max 1) and p1 < 0 means "to the end".
-        let kept = unsafe {
+        unsafe {
             sys::llama_memory_seq_rm(
                 sys::llama_get_memory(self.ptr.as_ptr()),
                 0,
                 keep.min(i32::MAX as usize) as i32,
                 -1,
             )
-        };
-        if !kept {
-            self.clear();
         }
-        kept
     }
 }
 

@@ -93,8 +93,7 @@ impl Context {
         })
     }
 
-    /// A view of rows `first..first + n` of a contiguous 2-D tensor `x` (`[ne0, rows]`, of any
-    /// type: quantized rows are whole blocks).
+    /// A view of rows `first..first + n` of a contiguous 2-D tensor `x` (`[ne0, rows]`).
     pub fn rows<'a>(
         &'a self,
         x: Tensor<'a>,
@@ -110,15 +109,10 @@ impl Context {
             });
         }
         // SAFETY: the tensor is live; its strides are read to check contiguity.
-        let (nb, ty) = unsafe { ((*x.ptr.as_ptr()).nb, (*x.ptr.as_ptr()).type_) };
-        // SAFETY: plain queries of the type's sizes.
-        let (es, row) = unsafe {
-            (
-                sys::ggml_type_size(ty),
-                sys::ggml_row_size(ty, ne[0] as i64),
-            )
-        };
-        if nb[0] != es || nb[1] != row {
+        let nb = unsafe { (*x.ptr.as_ptr()).nb };
+        // SAFETY: as above; the element size of its type.
+        let es = unsafe { sys::ggml_element_size(x.ptr.as_ptr()) };
+        if nb[0] != es || nb[1] != es * ne[0] {
             return Err(GgmlError::Shape {
                 what: "rows",
                 expected: "a contiguous tensor".into(),
@@ -267,9 +261,8 @@ unsafe extern "C" fn rows3_trampoline(
     unsafe {
         let kernel: RowKernel3 =
             std::mem::transmute::<*mut std::os::raw::c_void, RowKernel3>(userdata);
-        let ne0 = (*a).ne[0] as usize;
         let ne = (*a).ne;
-        let rows = (ne[1] * ne[2] * ne[3]) as usize;
+        let (ne0, rows) = (ne[0] as usize, (ne[1] * ne[2] * ne[3]) as usize);
         let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
         let per = rows.div_ceil(nth);
         let (r0, r1) = ((ith * per).min(rows), ((ith + 1) * per).min(rows));

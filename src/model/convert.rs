@@ -517,6 +517,15 @@ pub struct Converted {
     pub mmproj: PathBuf,
 }
 
+/// Where [`convert`] writes the pair of type `ty` in `out_dir`: `talker-<type>.gguf` and
+/// `mmproj-<type>.gguf`.
+pub fn output_paths(out_dir: &Path, ty: OutType) -> Converted {
+    Converted {
+        talker: out_dir.join(format!("talker-{}.gguf", ty.name())),
+        mmproj: out_dir.join(format!("mmproj-{}.gguf", ty.name())),
+    }
+}
+
 /// Converts checkpoint `dir` into `out_dir` at `ty`; tokenizer files are read from
 /// `tokenizer_dir` (the checkpoint directory when `None`).
 ///
@@ -552,8 +561,10 @@ pub fn convert(
         .map(|(_, ne, t)| t.nbytes(ne).unwrap_or(0))
         .sum();
     std::fs::create_dir_all(out_dir).map_err(|e| ModelError::io(out_dir, "create_dir", e))?;
-    let talker_path = out_dir.join(format!("talker-{}.gguf", ty.name()));
-    let mmproj_path = out_dir.join(format!("mmproj-{}.gguf", ty.name()));
+    let Converted {
+        talker: talker_path,
+        mmproj: mmproj_path,
+    } = output_paths(out_dir, ty);
     let mut done = 0u64;
 
     let mut w = Writer::create(&talker_path, &talker_plan)?;
