@@ -1,8 +1,9 @@
-//! The streaming decoder on the full-size geometry: ms per frame when fed 1 frame per call and 4
-//! frames per call, on 1 and 2 threads, with f32 and f16 weights, and with every matrix as q8_0
-//! at load. The 1-frame, 1-thread, f32 case is the in-run baseline; the decoder's ≈ 5 GFLOP per
-//! frame (MODEL-NOTES.md §7) gives GFLOP/s. Then the fused SnakeBeta against the five ggml ops it
-//! replaced (`snakebeta` group), f32 and q8_0 matrices, 1 thread, 1 frame per call.
+//! The streaming decoder on the full-size geometry: ms per frame when fed 1 and 2 frames per call,
+//! on 1 and 2 threads, with ggml's f32 products (the in-run baseline), the host products
+//! (`Context::conv_gemm`, the default) from f32 and f16 files, and every matrix as q8_0 at load.
+//! The decoder's ≈ 5 GFLOP per frame (MODEL-NOTES.md §7) gives GFLOP/s. Then the fused SnakeBeta
+//! against the five ggml ops it replaced (`snakebeta` group), host f32 and q8_0 matrices, 1
+//! thread, 1 frame per call.
 //!
 //! Run with: `QTTS_BENCH_MODELS=<dir with mmproj-f32.gguf, mmproj-f16.gguf> cargo bench --bench vocoder`
 //! (without it, the models are made once under the target directory, as in `benches/code_predictor.rs`).
@@ -25,23 +26,22 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("decoder, per frame");
     g.sample_size(10);
     g.throughput(Throughput::Elements(1));
-    // f32 and f16 files as stored, then the f32 file with every matrix as q8_0 at load.
-    for (ty, q8) in [
-        (OutType::F32, false),
-        (OutType::F16, false),
-        (OutType::F32, true),
+    // ggml's products on the f32 file (the baseline), the host products (`conv_gemm`) on the f32
+    // and f16 files, and ggml's q8_0 products.
+    for (label, ty, q8, host) in [
+        ("ggml f32", OutType::F32, false, false),
+        ("host f32", OutType::F32, false, true),
+        ("host f32 from f16 file", OutType::F16, false, true),
+        ("ggml q8_0", OutType::F32, true, false),
     ] {
         let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
-        let mut voc = Vocoder::load_with(&f, q8.then_some(qtts::gguf::GgmlType::Q8_0)).unwrap();
-        let label = if q8 { "q8_0 matrices" } else { ty.name() };
+        let q8 = q8.then_some(qtts::gguf::GgmlType::Q8_0);
+        let mut voc = Vocoder::load_options(&f, q8, host).unwrap();
         for threads in [1, 2] {
             let pool = Threadpool::new(threads, &[]).unwrap();
-            for chunk in [1usize, 4] {
+            for chunk in [1usize, 2] {
                 g.bench_function(
-                    format!(
-                        "{} weights, {threads} thread(s), {chunk} frame(s) per call",
-                        label
-                    ),
+                    format!("{label}, {threads} thread(s), {chunk} frame(s) per call"),
                     |b| {
                         let mut t = 0;
                         b.iter_custom(|iters| {
@@ -73,7 +73,7 @@ fn bench(c: &mut Criterion) {
             voc.set_fused_snake(fused);
             let name = format!(
                 "{} matrices, {}",
-                if q8 { "q8_0" } else { "f32" },
+                if q8 { "q8_0" } else { "host f32" },
                 if fused {
                     "fused snake"
                 } else {

@@ -150,7 +150,8 @@ struct SpeakArgs {
     /// f32 KV cache, flash attention off: matches the float32 reference (slower).
     #[arg(long)]
     exact: bool,
-    /// The decoder's matrices as q8_0: about 2x faster decoding, not exact (PERFORMANCE.md).
+    /// The decoder's matrices as q8_0 through ggml: a quarter of f32's memory, not exact, and
+    /// slower than the default f32 host products on AVX2 (PERFORMANCE.md).
     #[arg(long)]
     decoder_q8: bool,
 }

@@ -166,7 +166,8 @@ pub struct EngineConfig {
     pub segment_tokens: usize,
     /// The code predictor's output heads on q8_0 rows (faster, not bit-exact).
     pub q8_heads: bool,
-    /// The decoder's conv and linear matrices as q8_0 (faster, not exact; PERFORMANCE.md).
+    /// The decoder's conv and linear matrices as q8_0 through ggml (less memory, not exact, and
+    /// slower than the default f32 host products on AVX2; PERFORMANCE.md).
     pub decoder_q8: bool,
     /// Run each utterance's first frame on every core of the plan, one stage after the other: the
     /// talker's prefill, the code predictor, then the decoder while the others wait. A shorter

@@ -839,6 +839,12 @@ impl<'ctx> Tensor<'ctx> {
         *self
     }
 
+    /// Whether the tensor's type is f32.
+    pub fn is_f32(&self) -> bool {
+        // SAFETY: the tensor is live; its type is a field read.
+        unsafe { (*self.ptr.as_ptr()).type_ == sys::GGML_TYPE_F32 }
+    }
+
     /// Number of elements.
     pub fn n_elems(&self) -> usize {
         self.ne().iter().product()

@@ -320,3 +320,125 @@ impl Context {
         })
     }
 }
+
+/// The largest tap count and dilation [`Context::conv_gemm`] takes: both travel in the op's
+/// `userdata` word, 16 bits each.
+const CONV_GEMM_MAX: usize = u16::MAX as usize;
+
+/// ggml's side of [`Context::conv_gemm`]: splits the output rows over the graph's threads, each
+/// thread one `sgemm` per tap (one in all when the taps are adjacent).
+unsafe extern "C" fn conv_gemm_trampoline(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    userdata: *mut std::os::raw::c_void,
+) {
+    let word = userdata as usize;
+    let (taps, dilation) = (word >> 16, word & CONV_GEMM_MAX);
+    // SAFETY: `conv_gemm` built this node: its sources are the contiguous f32 kernel
+    // `[taps · c_in, c_out]` and input `[c_in, t_out + (taps − 1) · dilation]`, `dst` is a fresh
+    // contiguous f32 `[c_out, t_out]` (ggml never computes a custom op in place), all allocated
+    // by the time ggml computes the node. Every read stays inside the input: row
+    // `t + j · dilation` for `t < t_out` and `j < taps`, `c_in` values long.
+    unsafe {
+        let (w, x) = ((*dst).src[0], (*dst).src[1]);
+        let c_in = (*x).ne[0] as usize;
+        let (c_out, t_out) = ((*dst).ne[0] as usize, (*dst).ne[1] as usize);
+        let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
+        let per = t_out.div_ceil(nth);
+        let (r0, r1) = ((ith * per).min(t_out), ((ith + 1) * per).min(t_out));
+        if r0 == r1 {
+            return;
+        }
+        let xs = ((*x).data as *const f32).add(r0 * c_in);
+        let ws = (*w).data as *const f32;
+        let ys = ((*dst).data as *mut f32).add(r0 * c_out);
+        let k = taps * c_in;
+        // Row t of the product reads input rows t..t + taps (dilation 1): `taps · c_in`
+        // consecutive values, so one product whose left rows overlap covers every tap.
+        let per_tap = if dilation == 1 { taps } else { 1 };
+        // A panic must not unwind into ggml; sgemm does not panic on these sizes, and a caught
+        // one leaves the output rows unfinished.
+        let _ = std::panic::catch_unwind(|| {
+            for j in (0..taps).step_by(per_tap) {
+                matrixmultiply::sgemm(
+                    r1 - r0,
+                    per_tap * c_in,
+                    c_out,
+                    1.0,
+                    xs.add(j * dilation * c_in),
+                    c_in as isize,
+                    1,
+                    ws.add(j * c_in),
+                    1,
+                    k as isize,
+                    if j == 0 { 0.0 } else { 1.0 },
+                    ys,
+                    c_out as isize,
+                    1,
+                );
+            }
+        });
+    }
+}
+
+impl Context {
+    /// The causal 1-D convolution of `x` (`[c_in, t]`, channels fastest, f32) by the kernel `w`
+    /// (`[taps · c_in, c_out]`, f32, index `c + c_in · j` for channel `c` and tap `j`) with
+    /// `dilation`, unpadded: `[c_out, t − (taps − 1) · dilation]`. With one tap it is
+    /// `mul_mat(w, x)`. Computed by `matrixmultiply`'s packed sgemm instead of ggml's `im2col`
+    /// and `mul_mat`; each output value sums its products in the same order whatever the row
+    /// count and thread count, so results do not depend on how a signal is chunked.
+    pub fn conv_gemm<'a>(
+        &'a self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        taps: usize,
+        dilation: usize,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        Self::dense_f32("conv_gemm kernel", w)?;
+        Self::dense_f32("conv_gemm input", x)?;
+        let (nw, nx) = (w.ne(), x.ne());
+        let span = taps.saturating_sub(1) * dilation;
+        if taps == 0
+            || dilation == 0
+            || taps > CONV_GEMM_MAX
+            || dilation > CONV_GEMM_MAX
+            || nw[0] != taps * nx[0]
+            || nw[2] != 1
+            || nw[3] != 1
+            || nx[2] != 1
+            || nx[3] != 1
+            || nx[1] <= span
+        {
+            return Err(GgmlError::Shape {
+                what: "conv_gemm",
+                expected: format!(
+                    "kernel [{taps} · c_in, c_out], input [c_in, t > {span}], \
+                     1 <= taps, dilation <= {CONV_GEMM_MAX}"
+                ),
+                found: format!("kernel {nw:?}, input {nx:?}, taps {taps}, dilation {dilation}"),
+            });
+        }
+        let (c_out, t_out) = (nw[1], nx[1] - span);
+        let mut args = [w.ptr.as_ptr(), x.ptr.as_ptr()];
+        let word = (taps << 16) | dilation;
+        // SAFETY: the tensors are live, contiguous f32 and shaped as the trampoline expects
+        // (checked above); ggml copies the two source pointers into the node.
+        self.op(c_out * t_out, |ctx| unsafe {
+            sys::ggml_custom_4d(
+                ctx,
+                sys::GGML_TYPE_F32,
+                c_out as i64,
+                t_out as i64,
+                1,
+                1,
+                args.as_mut_ptr(),
+                2,
+                Some(conv_gemm_trampoline),
+                -1, // GGML_N_TASKS_MAX: every thread of the graph
+                word as *mut std::os::raw::c_void,
+            )
+        })
+    }
+}

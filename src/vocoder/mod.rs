@@ -45,6 +45,11 @@ pub const CODEBOOKS: usize = 16;
 /// residual units.
 const K7: usize = 7;
 
+/// Fewest rows per frame (and per product) for which a matrix product runs on the host
+/// ([`Context::conv_gemm`]): below it, packing the weights costs more than the product saves, and
+/// ggml's unpacked products stay.
+pub const HOST_MIN_ROWS: usize = 32;
+
 /// Stages a capture records (see [`Vocoder::set_capture`]), each `[channels, rows]` with the
 /// channel index fastest (time-major), so chunks concatenate.
 pub const STAGES: &[&str] = &[
@@ -233,6 +238,8 @@ pub struct Vocoder {
     capture: Option<BTreeMap<&'static str, Vec<f32>>>,
     /// SnakeBeta as one fused pass (default) or as five ggml ops (the benches' baseline).
     fused_snake: bool,
+    /// Products by [`Context::conv_gemm`] where the weights allow (see [`Vocoder::load_options`]).
+    host: bool,
     /// Scratch of a chunk's inputs (reused).
     scratch_i32: Vec<i32>,
     scratch_f32: Vec<f32>,
@@ -259,6 +266,9 @@ struct Loader<'f> {
     /// Store conv, transposed-conv and linear matrices in this type when their rows are whole
     /// blocks (see [`Vocoder::load_with`]).
     matrices: Option<GgmlType>,
+    /// Store the matrices of the host products (see [`Loader::conv`] and [`Loader::transposed`])
+    /// as f32, convs in tap-major order.
+    host: bool,
     /// The tensor the previous [`Loader::source`] call read: each loading function reads one, so
     /// its pages are released (see [`GgufFile::release`]) when the next is read, and the file is
     /// never resident as a whole.
@@ -332,12 +342,33 @@ impl Loader<'_> {
         self.put(name, ty, ne, data)
     }
 
-    /// A stride-1 conv kernel (`[k, c_in, c_out]`) as the matrix `[k · c_in, c_out]` (same bytes),
-    /// for [`Context::im2col_1d`] columns.
-    fn conv(&self, name: &str, k: usize, c_in: usize, c_out: usize) -> Result<(), ModelError> {
+    /// A stride-1 conv kernel (`[k, c_in, c_out]`) as the matrix `[k · c_in, c_out]`: for
+    /// [`Context::im2col_1d`] columns (same bytes, with a `<name>.kshape` stand-in), or, when
+    /// `host` and [`Loader::host`], as f32 in tap-major order (index `c + c_in · j`) for
+    /// [`Context::conv_gemm`], which the graph picks by the stand-in's absence.
+    fn conv(
+        &self,
+        name: &str,
+        k: usize,
+        c_in: usize,
+        c_out: usize,
+        host: bool,
+    ) -> Result<(), ModelError> {
         let (ty, data, found) = self.source(name)?;
         if found != [k, c_in, c_out] || !matches!(ty, GgmlType::F32 | GgmlType::F16) {
             return Err(self.shape_err(name, &[k, c_in, c_out], &found));
+        }
+        if host && self.host {
+            let v = crate::ffi::dequantize(ty, data, k * c_in * c_out).map_err(ModelError::from)?;
+            // Element (c, j, o) of the output sits at c + c_in·(j + k·o); source at j + k·(c + c_in·o).
+            let bytes: Vec<u8> = (0..k * c_in * c_out)
+                .flat_map(|i| {
+                    let (c, rest) = (i % c_in, i / c_in);
+                    let (j, o) = (rest % k, rest / k);
+                    v[j + k * (c + c_in * o)].to_le_bytes()
+                })
+                .collect();
+            return self.put(name, GgmlType::F32, &[k * c_in, c_out], &bytes);
         }
         // im2col reads only the kernel's shape: a small f32 stand-in `[k, c_in]` carries it,
         // whatever the kernel matrix's type.
@@ -362,7 +393,8 @@ impl Loader<'_> {
 
     /// A transposed-conv kernel (`[k, c_out, c_in]`, stride `r`, `k` = `r` or `2r`) as matrices
     /// `<name>.cur` (taps `0..r`) and, when `k = 2r`, `<name>.prev` (taps `r..2r`), each
-    /// `[c_in, r·c_out]` with output index `o + c_out·j`.
+    /// `[c_in, r·c_out]` with output index `o + c_out·j`; as f32 when `host` and [`Loader::host`]
+    /// (for [`Context::conv_gemm`]).
     fn transposed(
         &self,
         name: &str,
@@ -370,6 +402,7 @@ impl Loader<'_> {
         r: usize,
         c_in: usize,
         c_out: usize,
+        host: bool,
     ) -> Result<(), ModelError> {
         let (ty, data, found) = self.source(name)?;
         if found != [k, c_out, c_in] || !matches!(ty, GgmlType::F32 | GgmlType::F16) {
@@ -386,7 +419,17 @@ impl Loader<'_> {
                 let (o, j) = (rest % c_out, rest / c_out);
                 (j0 + j) + k * (o + c_out * c)
             });
-            self.put_matrix(&format!("{name}.{part}"), ty, [c_in, r * c_out], &bytes)?;
+            let part = format!("{name}.{part}");
+            if host && self.host && ty != GgmlType::F32 {
+                let v = crate::ffi::dequantize(ty, &bytes, c_in * r * c_out)
+                    .map_err(ModelError::from)?;
+                let f: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                self.put(&part, GgmlType::F32, &[c_in, r * c_out], &f)?;
+            } else if host && self.host {
+                self.put(&part, ty, &[c_in, r * c_out], &bytes)?;
+            } else {
+                self.put_matrix(&part, ty, [c_in, r * c_out], &bytes)?;
+            }
         }
         Ok(())
     }
@@ -404,7 +447,22 @@ impl Vocoder {
     /// see PERFORMANCE.md) where their rows are whole blocks and the file has them as f32 or f16.
     /// Norms, biases, SnakeBeta, codebooks and depthwise taps stay f32.
     pub fn load_with(f: &GgufFile, matrices: Option<GgmlType>) -> Result<Self, ModelError> {
+        Self::load_options(f, matrices, matrices.is_none())
+    }
+
+    /// As [`Vocoder::load_with`], choosing whether the products of the residual units, the
+    /// post-conv and the upsampling convs that see at least [`HOST_MIN_ROWS`] rows per frame are
+    /// computed by [`Context::conv_gemm`] on f32 matrices (`host`, the default when `matrices` is
+    /// `None`: 2-3x faster than ggml's f32 products here, see PERFORMANCE.md) or by ggml's
+    /// `im2col` and `mul_mat` in the file's type (the benches' baseline). `host` is ignored where
+    /// `matrices` converts a matrix.
+    pub fn load_options(
+        f: &GgufFile,
+        matrices: Option<GgmlType>,
+        host: bool,
+    ) -> Result<Self, ModelError> {
         crate::model::validate::check_mmproj(f.path(), &f.header)?;
+        let host = host && matrices.is_none();
         let g = Geometry::read(f)?;
         let wav: Vec<_> = f
             .header
@@ -423,12 +481,16 @@ impl Vocoder {
         let overhead = (wav.len() + 64) * 1024;
         // Kernel-shape stand-ins: at most 7 × 1536 floats per conv.
         let shapes = 64 * 7 * 1536 * 4;
-        let w = Context::new((bytes + depthwise) as usize + shapes + overhead + (1 << 20))
-            .map_err(ModelError::from)?;
+        // Host matrices stored as f16 become f32: at most twice the file's bytes.
+        let widened = if host { bytes } else { 0 };
+        let w =
+            Context::new((bytes + widened + depthwise) as usize + shapes + overhead + (1 << 20))
+                .map_err(ModelError::from)?;
         let l = Loader {
             f,
             w,
             matrices,
+            host,
             last: Default::default(),
         };
         let p = "a.gen.wav";
@@ -444,7 +506,7 @@ impl Vocoder {
         for q in ["first", "rest"] {
             l.copy(&format!("{p}.quant.{q}.out_proj.weight"), &[half, cd])?;
         }
-        l.conv(&format!("{p}.pre_conv.weight"), 3, cd, lat)?;
+        l.conv(&format!("{p}.pre_conv.weight"), 3, cd, lat, false)?;
         l.copy(&format!("{p}.pre_conv.bias"), &[lat])?;
         let t = format!("{p}.tfm");
         l.copy(&format!("{t}.in_proj.weight"), &[lat, g.hidden])?;
@@ -474,7 +536,7 @@ impl Vocoder {
         }
         for (u, &r) in g.upsampling_ratios.iter().enumerate() {
             let b = format!("{p}.up.blk.{u}");
-            l.transposed(&format!("{b}.conv.weight"), r, r, lat, lat)?;
+            l.transposed(&format!("{b}.conv.weight"), r, r, lat, lat, false)?;
             l.depthwise(&format!("{b}.dwconv.weight"), K7, lat)?;
             for n in [
                 "conv.bias",
@@ -490,14 +552,18 @@ impl Vocoder {
             l.copy(&format!("{b}.pw1.bias"), &[4 * lat])?;
             l.copy(&format!("{b}.pw2.weight"), &[4 * lat, lat])?;
         }
-        l.conv(&format!("{p}.dac.entry.weight"), K7, lat, dd)?;
+        l.conv(&format!("{p}.dac.entry.weight"), K7, lat, dd, false)?;
         l.copy(&format!("{p}.dac.entry.bias"), &[dd])?;
         let mut cin = dd;
+        // Rows per frame entering the DAC's next block.
+        let mut rows: usize = g.upsampling_ratios.iter().product();
         for (i, &r) in g.upsample_rates.iter().enumerate() {
             let (b, cout) = (format!("{p}.dac.blk.{i}"), cin / 2);
             l.copy(&format!("{b}.snake.alpha"), &[cin])?;
             l.copy(&format!("{b}.snake.beta"), &[cin])?;
-            l.transposed(&format!("{b}.conv.weight"), 2 * r, r, cin, cout)?;
+            let host = rows >= HOST_MIN_ROWS;
+            l.transposed(&format!("{b}.conv.weight"), 2 * r, r, cin, cout, host)?;
+            rows *= r;
             l.copy(&format!("{b}.conv.bias"), &[cout])?;
             for j in 0..3 {
                 let rb = format!("{b}.res.{j}");
@@ -511,14 +577,14 @@ impl Vocoder {
                 ] {
                     l.copy(&format!("{rb}.{n}"), &[cout])?;
                 }
-                l.conv(&format!("{rb}.conv1.weight"), K7, cout, cout)?;
-                l.conv(&format!("{rb}.conv2.weight"), 1, cout, cout)?;
+                l.conv(&format!("{rb}.conv1.weight"), K7, cout, cout, true)?;
+                l.conv(&format!("{rb}.conv2.weight"), 1, cout, cout, true)?;
             }
             cin = cout;
         }
         l.copy(&format!("{p}.dac.post_snake.alpha"), &[cin])?;
         l.copy(&format!("{p}.dac.post_snake.beta"), &[cin])?;
-        l.conv(&format!("{p}.dac.post_conv.weight"), K7, cin, 1)?;
+        l.conv(&format!("{p}.dac.post_conv.weight"), K7, cin, 1, true)?;
         l.copy(&format!("{p}.dac.post_conv.bias"), &[1])?;
         if let Some(last) = l.last.take() {
             f.release(&last);
@@ -565,6 +631,7 @@ impl Vocoder {
             non_finite: 0,
             capture: None,
             fused_snake: true,
+            host,
             scratch_i32: Vec::new(),
             scratch_f32: Vec::new(),
             state,
@@ -659,6 +726,7 @@ impl Vocoder {
                 n,
                 keep,
                 self.fused_snake,
+                self.host,
             )?;
             self.graphs[n - 1] = Some(g);
         }
@@ -795,6 +863,7 @@ struct Builder<'a> {
     s: &'a Context,
     writes: Vec<Tensor<'a>>,
     fused_snake: bool,
+    host: bool,
 }
 
 impl<'a> Builder<'a> {
@@ -838,6 +907,14 @@ impl<'a> Builder<'a> {
     ) -> Result<Tensor<'a>, GgmlError> {
         let c = self.c;
         let w = self.wt(&format!("{name}.weight"))?;
+        if self.w.get(&format!("{name}.weight.kshape")).is_none() {
+            // Stored for the host product (see `Loader::conv`).
+            let xp = match hist {
+                Some(h) => self.with_context(x, h)?,
+                None => x,
+            };
+            return c.add_inplace(c.conv_gemm(w, xp, k, d)?, self.wt(&format!("{name}.bias"))?);
+        }
         let y = match hist {
             Some(h) => {
                 let xp = self.with_context(x, h)?;
@@ -872,6 +949,17 @@ impl<'a> Builder<'a> {
         c.rows3(x, alpha, inv_beta, snake::row)
     }
 
+    /// `mul_mat(w, x)`: by [`Context::conv_gemm`] for f32 weights in host mode when `x` has at
+    /// least [`HOST_MIN_ROWS`] rows (fewer rows would spend more on packing `w` than on the
+    /// product), else by ggml.
+    fn matmul(&self, w: Tensor<'a>, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        if self.host && w.is_f32() && x.ne()[1] >= HOST_MIN_ROWS {
+            self.c.conv_gemm(w, x, 1, 1)
+        } else {
+            self.c.mul_mat(w, x)
+        }
+    }
+
     /// `w · x + b` for Linear `name`.
     fn linear(&self, x: Tensor<'a>, name: &str) -> Result<Tensor<'a>, GgmlError> {
         let c = self.c;
@@ -893,6 +981,7 @@ fn build_chunk(
     n: usize,
     keep_stages: bool,
     fused_snake: bool,
+    host: bool,
 ) -> Result<OwnedGraph, GgmlError> {
     // SAFETY: the graph reads the weights of `w` and reads and writes the state of `s`, which
     // `Vocoder` owns, never resets (reset only writes values) and drops after its graphs.
@@ -905,6 +994,7 @@ fn build_chunk(
                     s,
                     writes: Vec::new(),
                     fused_snake,
+                    host,
                 },
                 g,
                 n,
@@ -1023,8 +1113,8 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
         // Input row t gives output rows t·r..t·r + 2r: its first r taps land in block t, its
         // last r in block t + 1 (the tail), and the last block's tail is trimmed until the next
         // chunk.
-        let cur = c.mul_mat(b.wt(&format!("{db}.conv.weight.cur"))?, s)?;
-        let prev = c.mul_mat(b.wt(&format!("{db}.conv.weight.prev"))?, s)?;
+        let cur = b.matmul(b.wt(&format!("{db}.conv.weight.cur"))?, s)?;
+        let prev = b.matmul(b.wt(&format!("{db}.conv.weight.prev"))?, s)?;
         let tail = b.st(&format!("tail.blk.{i}"))?;
         let shifted = if rows > 1 {
             c.concat(tail, c.rows(prev, 0, rows - 1)?, 1)?
