@@ -17,11 +17,12 @@
 //!   as in the reference (a fresh `DynamicCache` per `code_predictor.generate`).
 
 pub mod heads;
+pub mod q4k;
 
 use heads::{Heads, Kernel};
 
 use crate::error::ModelError;
-use crate::ffi::{Context, GgmlError, OwnedGraph, Threadpool};
+use crate::ffi::{Context, GgmlError, OwnedGraph, Tensor, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
 
 /// Positions per frame: the talker's hidden state, codebook 0, then codebooks 1..14 (15 is never
@@ -125,6 +126,8 @@ pub struct CodePredictor {
     /// One embedding row, for [`CodePredictor::embed_frame`].
     row: Vec<f32>,
     profile: Option<Profile>,
+    /// q4_K layer products by [`q4k::mat_vnni`] where the CPU has it (default), else ggml's.
+    vnni: bool,
     /// Read by the graphs through ggml's pointers; owned here to outlive them.
     weights: Context,
 }
@@ -206,9 +209,10 @@ impl CodePredictor {
         }
         let heads = load_heads(f, &g)?;
         f.release(HEAD);
+        let vnni = q4k::available();
         let mut steps = Vec::with_capacity(POSITIONS - 1);
         for step in 0..POSITIONS - 1 {
-            steps.push(build_step(&weights, &g, step, true).map_err(ModelError::from)?);
+            steps.push(build_step(&weights, &g, step, true, vnni).map_err(ModelError::from)?);
         }
         let profile = std::env::var_os("QTTS_PROFILE")
             .is_some_and(|v| v == "1")
@@ -224,8 +228,34 @@ impl CodePredictor {
             last: vec![0.0; g.n_embd],
             row: vec![0.0; g.n_talker],
             profile,
+            vnni,
             weights,
         })
+    }
+
+    /// Computes the q4_K layer products with [`q4k::mat_vnni`] (`true`, the default where
+    /// [`q4k::available`]) or with ggml's `mul_mat` (`false`: the benches' baseline). Rebuilds
+    /// the frame's graphs; `true` without the CPU features is refused.
+    pub fn set_vnni(&mut self, on: bool) -> Result<(), ModelError> {
+        if on && !q4k::available() {
+            return Err(ModelError::Unsupported {
+                what: "VNNI q4_K products".into(),
+                expected: "a CPU with AVX-512 F, BW, VNNI and F16C".into(),
+                found: "a CPU without them".into(),
+            });
+        }
+        if on != self.vnni {
+            let mut steps = Vec::with_capacity(POSITIONS - 1);
+            for step in 0..POSITIONS - 1 {
+                steps.push(
+                    build_step(&self.weights, &self.geometry, step, true, on)
+                        .map_err(ModelError::from)?,
+                );
+            }
+            self.steps = steps;
+            self.vnni = on;
+        }
+        Ok(())
     }
 
     /// The geometry.
@@ -416,7 +446,8 @@ impl CodePredictor {
         let mut last = vec![0f32; g.n_embd];
         let mut logits = vec![0f32; g.n_codes];
         for step in 0..POSITIONS - 1 {
-            let mut graph = build_step(&self.weights, &g, step, false).map_err(ModelError::from)?;
+            let mut graph =
+                build_step(&self.weights, &g, step, false, self.vnni).map_err(ModelError::from)?;
             let t = |n: &str| {
                 graph.tensor(n).ok_or_else(|| {
                     ModelError::from(GgmlError::Shape {
@@ -492,6 +523,7 @@ fn build_step(
     g: &Geometry,
     step: usize,
     cached: bool,
+    vnni: bool,
 ) -> Result<OwnedGraph, GgmlError> {
     let (t_len, p0) = match (cached, step) {
         (false, _) => (step + 2, 0),
@@ -545,7 +577,7 @@ fn build_step(
                 x
             };
             if g.proj_in {
-                x = c.mul_mat(get("a.gen.code.proj_in.weight")?, x)?;
+                x = layer_product(c, get("a.gen.code.proj_in.weight")?, x, vnni)?;
                 x = c.add(x, get("a.gen.code.proj_in.bias")?)?;
             }
             let pos = c.new_i32(t_len)?;
@@ -570,13 +602,22 @@ fn build_step(
             for l in 0..g.n_layer {
                 let p = |n: &str| get(&format!("a.gen.code.blk.{l}.{n}"));
                 let h = c.mul(c.rms_norm(x, g.eps)?, p("ln1.weight")?)?;
-                let q = c.reshape(c.mul_mat(p("attn_q.weight")?, h)?, [hd, nh, t_len])?;
+                let q = c.reshape(
+                    layer_product(c, p("attn_q.weight")?, h, vnni)?,
+                    [hd, nh, t_len],
+                )?;
                 let q = c.mul(c.rms_norm(q, g.eps)?, p("attn_q_norm.weight")?)?;
                 let q = c.rope_neox(q, pos, hd, g.theta)?;
-                let k = c.reshape(c.mul_mat(p("attn_k.weight")?, h)?, [hd, nkv, t_len])?;
+                let k = c.reshape(
+                    layer_product(c, p("attn_k.weight")?, h, vnni)?,
+                    [hd, nkv, t_len],
+                )?;
                 let k = c.mul(c.rms_norm(k, g.eps)?, p("attn_k_norm.weight")?)?;
                 let k = c.rope_neox(k, pos, hd, g.theta)?;
-                let v = c.reshape(c.mul_mat(p("attn_v.weight")?, h)?, [hd, nkv, t_len])?;
+                let v = c.reshape(
+                    layer_product(c, p("attn_v.weight")?, h, vnni)?,
+                    [hd, nkv, t_len],
+                )?;
                 // Keys and values of positions 0..n_kv, [hd, nkv, n_kv]: from the cache, after
                 // writing this step's rows into it, or straight from this graph.
                 let (keys, vals) = if cached {
@@ -598,11 +639,14 @@ fn build_step(
                 let kq = c.soft_max(kq, mask, 1.0 / (hd as f32).sqrt())?;
                 let kqv = c.mul_mat(vals, kq)?;
                 let o = c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, t_len, 1])?;
-                x = c.add(x, c.mul_mat(p("attn_out.weight")?, o)?)?;
+                x = c.add(x, layer_product(c, p("attn_out.weight")?, o, vnni)?)?;
                 let h = c.mul(c.rms_norm(x, g.eps)?, p("ln2.weight")?)?;
-                let gate = c.silu(c.mul_mat(p("ffn_gate.weight")?, h)?)?;
-                let up = c.mul_mat(p("ffn_up.weight")?, h)?;
-                x = c.add(x, c.mul_mat(p("ffn_down.weight")?, c.mul(gate, up)?)?)?;
+                let gate = c.silu(layer_product(c, p("ffn_gate.weight")?, h, vnni)?)?;
+                let up = layer_product(c, p("ffn_up.weight")?, h, vnni)?;
+                x = c.add(
+                    x,
+                    layer_product(c, p("ffn_down.weight")?, c.mul(gate, up)?, vnni)?,
+                )?;
             }
             let hidden = c
                 .mul(c.rms_norm(x, g.eps)?, get("a.gen.code.output_norm.weight")?)?
@@ -615,4 +659,20 @@ fn build_step(
             Ok(outs.into_iter().map(|t| t.node()).collect())
         })
     }
+}
+
+/// `mul_mat(w, x)` of a layer: q4_K rows by [`q4k::mat_vnni`] when `vnni` (set only where
+/// [`q4k::available`]), else ggml's.
+fn layer_product<'a>(
+    c: &'a Context,
+    w: Tensor<'a>,
+    x: Tensor<'a>,
+    vnni: bool,
+) -> Result<Tensor<'a>, GgmlError> {
+    #[cfg(target_arch = "x86_64")]
+    if vnni && w.is_type(GgmlType::Q4K) && w.ne()[0] % q4k::BLOCK == 0 {
+        return c.map_mat(w, x, q4k::mat_vnni);
+    }
+    let _ = vnni;
+    c.mul_mat(w, x)
 }

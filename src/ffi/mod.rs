@@ -18,7 +18,7 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, Once};
 
 mod ops;
-pub use ops::RowKernel3;
+pub use ops::{MatKernel, RowKernel3};
 
 pub use llama_cpp_sys_2 as sys;
 
@@ -839,10 +839,10 @@ impl<'ctx> Tensor<'ctx> {
         *self
     }
 
-    /// Whether the tensor's type is f32.
-    pub fn is_f32(&self) -> bool {
+    /// Whether the tensor's type is `ty`.
+    pub fn is_type(&self, ty: crate::gguf::GgmlType) -> bool {
         // SAFETY: the tensor is live; its type is a field read.
-        unsafe { (*self.ptr.as_ptr()).type_ == sys::GGML_TYPE_F32 }
+        unsafe { (*self.ptr.as_ptr()).type_ == ty as u32 as sys::ggml_type }
     }
 
     /// Number of elements.

@@ -442,3 +442,98 @@ impl Context {
         })
     }
 }
+
+/// A matrix kernel for [`Context::map_mat`]: `y[j · y_stride + r] = row r of w · row j of x` for
+/// the `n` weight rows at `w` (each `row_bytes` long, of `k` weights in the kernel's own type)
+/// and the `m` input rows at `x` (`k` f32 each).
+///
+/// # Safety
+/// The caller passes `n · row_bytes` readable bytes at `w`, `m · k` floats at `x`, and room for
+/// every `y` index above; the kernel reads and writes nothing else.
+pub type MatKernel = unsafe fn(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    k: usize,
+    x: *const f32,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+);
+
+/// ggml's side of [`Context::map_mat`]: splits the weight rows over the graph's threads.
+unsafe extern "C" fn map_mat_trampoline(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    userdata: *mut std::os::raw::c_void,
+) {
+    // SAFETY: `map_mat` built this node: `userdata` is a `MatKernel`, source 0 the weights
+    // (`ne[1]` rows of `nb[1]` bytes), source 1 the contiguous f32 input `[k, m]`, `dst` a fresh
+    // contiguous f32 `[n, m]`; the rows given to the kernel are this thread's share.
+    unsafe {
+        let kernel = std::mem::transmute::<*mut std::os::raw::c_void, MatKernel>(userdata);
+        let (w, x) = ((*dst).src[0], (*dst).src[1]);
+        let (k, n, m) = (
+            (*w).ne[0] as usize,
+            (*w).ne[1] as usize,
+            (*x).ne[1] as usize,
+        );
+        let row_bytes = (*w).nb[1];
+        let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
+        let per = n.div_ceil(nth);
+        let (r0, r1) = ((ith * per).min(n), ((ith + 1) * per).min(n));
+        if r0 == r1 {
+            return;
+        }
+        let wp = ((*w).data as *const u8).add(r0 * row_bytes);
+        let yp = ((*dst).data as *mut f32).add(r0);
+        let xp = (*x).data as *const f32;
+        // A panic must not unwind into ggml; a caught one leaves the rows unfinished.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            kernel(wp, row_bytes, r1 - r0, k, xp, m, yp, n)
+        }));
+    }
+}
+
+impl Context {
+    /// `mul_mat(w, x)` computed by `kernel` instead of ggml: `w` is `[k, n]` in any type whose
+    /// rows the kernel reads (it is given the raw rows), `x` the contiguous f32 `[k, m]`; the
+    /// result is `[n, m]`, the weight rows split over the graph's threads.
+    pub fn map_mat<'a>(
+        &'a self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        kernel: MatKernel,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        Self::dense_f32("map_mat input", x)?;
+        let (nw, nx) = (w.ne(), x.ne());
+        // SAFETY: the tensor is live; contiguity reads its shape and strides.
+        let dense = unsafe { sys::ggml_is_contiguous(w.ptr.as_ptr()) };
+        if !dense || nw[0] != nx[0] || nw[2] != 1 || nw[3] != 1 || nx[2] != 1 || nx[3] != 1 {
+            return Err(GgmlError::Shape {
+                what: "map_mat",
+                expected: "contiguous 2-D weights [k, n] and input [k, m]".into(),
+                found: format!("weights {nw:?} (contiguous {dense}), input {nx:?}"),
+            });
+        }
+        let mut args = [w.ptr.as_ptr(), x.ptr.as_ptr()];
+        // SAFETY: the tensors are live and shaped as the trampoline expects (checked above); the
+        // kernel is a plain function pointer, valid for the program's life.
+        self.op(nw[1] * nx[1], |ctx| unsafe {
+            sys::ggml_custom_4d(
+                ctx,
+                sys::GGML_TYPE_F32,
+                nw[1] as i64,
+                nx[1] as i64,
+                1,
+                1,
+                args.as_mut_ptr(),
+                2,
+                Some(map_mat_trampoline),
+                -1, // GGML_N_TASKS_MAX: every thread of the graph
+                kernel as *mut std::os::raw::c_void,
+            )
+        })
+    }
+}

@@ -953,7 +953,7 @@ impl<'a> Builder<'a> {
     /// least [`HOST_MIN_ROWS`] rows (fewer rows would spend more on packing `w` than on the
     /// product), else by ggml.
     fn matmul(&self, w: Tensor<'a>, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
-        if self.host && w.is_f32() && x.ne()[1] >= HOST_MIN_ROWS {
+        if self.host && w.is_type(GgmlType::F32) && x.ne()[1] >= HOST_MIN_ROWS {
             self.c.conv_gemm(w, x, 1, 1)
         } else {
             self.c.mul_mat(w, x)

@@ -1,0 +1,371 @@
+//! q4_K matrix-vector products with AVX-512 VNNI, for the code predictor's layers: one
+//! `vpdpbusd` multiplies 64 weight nibbles by 64 int8 inputs, where ggml's AVX2 kernel
+//! (`ggml_vec_dot_q4_K_q8_K`) spent 82 % of the code predictor's time (PERFORMANCE.md).
+//!
+//! A q4_K block (ggml's `block_q4_K`, 144 bytes) holds 256 weights: f16 `d` and `dmin`, 12 bytes
+//! of eight 6-bit scales `sc` and mins `m`, and 128 bytes of nibbles. Byte `l` of the 32-byte group
+//! `g` holds weight `64g + l` in its low nibble and `64g + 32 + l` in its high one, and the weight
+//! of nibble `q` in sub-block `j` (32 weights) is `d · sc_j · q − dmin · m_j`.
+//!
+//! The input is quantized once per call, per 256 values, to int8 with scale `dx = max|x| / 127`
+//! (as ggml's `q8_K`, up to the sign convention), stored in the order the nibbles are read, with
+//! each sub-block's sum times `dx` for the mins. A row's dot product is then
+//! `Σ_blocks d · dx · Σ_j sc_j · (q · xq)_j − dmin · Σ_j m_j · dx · Σ xq_j`: integer products, one
+//! float multiply-add per block.
+//!
+//! [`mat_scalar`] is the same arithmetic without SIMD: the reference of the tests and of
+//! [`mat_vnni`], which the code predictor uses where [`available`] says the CPU has VNNI.
+
+use std::cell::RefCell;
+
+/// Weights per q4_K block.
+pub const BLOCK: usize = 256;
+/// Bytes per q4_K block.
+pub const BLOCK_BYTES: usize = 144;
+
+/// Whether this CPU runs [`mat_vnni`] (AVX-512 F, BW, VNNI and F16C).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The eight scales and eight mins of a block's 12 scale bytes, one per byte (ggml's
+/// `get_scale_min_k4`, four at a time).
+#[inline(always)]
+fn scales_mins(s: &[u8]) -> (u64, u64) {
+    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    let sc_lo = a & 0x3f3f_3f3f;
+    let m_lo = b & 0x3f3f_3f3f;
+    let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
+    let m_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        m_lo as u64 | (m_hi as u64) << 32,
+    )
+}
+
+/// Where value `i` (0..256) of a block sits in the kernel's input order: for each half `c` of
+/// the block (two 32-byte groups, one 64-byte load), the inputs of the low nibbles, then those of
+/// the high nibbles.
+#[inline(always)]
+fn arranged(i: usize) -> usize {
+    let (g, w) = (i / 64, i % 64);
+    let (high, l) = (w / 32, w % 32);
+    (g / 2) * 128 + high * 64 + (g % 2) * 32 + l
+}
+
+/// Input rows quantized for the kernels.
+#[derive(Default)]
+struct Prepared {
+    /// Per block, 256 int8 values in [`arranged`] order.
+    q: Vec<i8>,
+    /// Per block, its scale.
+    d: Vec<f32>,
+    /// Per block, each sub-block's sum of `q` times the block's scale.
+    xs: Vec<f32>,
+}
+
+impl Prepared {
+    fn fill(&mut self, x: &[f32]) {
+        let nb = x.len() / BLOCK;
+        self.q.resize(nb * BLOCK, 0);
+        self.d.resize(nb, 0.0);
+        self.xs.resize(nb * 8, 0.0);
+        for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            let mut sums = [0i32; 8];
+            for (i, &v) in xb.iter().enumerate() {
+                let q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+                self.q[b * BLOCK + arranged(i)] = q;
+                sums[i / 32] += q as i32;
+            }
+            self.d[b] = d;
+            for (j, s) in sums.iter().enumerate() {
+                self.xs[b * 8 + j] = d * *s as f32;
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// The inputs of the current call, reused across calls on this thread.
+    static SCRATCH: RefCell<Vec<Prepared>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Quantizes the `m` input rows at `x` (`k` values each) into this thread's scratch and calls
+/// `f` with them.
+///
+/// # Safety
+/// `x` points at `m · k` floats.
+unsafe fn with_inputs<R>(x: *const f32, k: usize, m: usize, f: impl FnOnce(&[Prepared]) -> R) -> R {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < m {
+            s.resize_with(m, Prepared::default);
+        }
+        for (j, p) in s.iter_mut().take(m).enumerate() {
+            // SAFETY: row j of the caller's m rows of k floats.
+            p.fill(unsafe { std::slice::from_raw_parts(x.add(j * k), k) });
+        }
+        f(&s[..m])
+    })
+}
+
+/// One row's dot product, scalar.
+fn dot_scalar(row: &[u8], p: &Prepared) -> f32 {
+    let mut sum = 0f32;
+    for (b, blk) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+        let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+        let dmin = half::f16::from_le_bytes([blk[2], blk[3]]).to_f32();
+        let (sc, m) = scales_mins(&blk[4..16]);
+        let qs = &blk[16..];
+        let xq = &p.q[b * BLOCK..(b + 1) * BLOCK];
+        let mut isum = 0i32;
+        let mut msum = 0f32;
+        for j in 0..8 {
+            let mut s = 0i32;
+            for l in 0..32 {
+                let i = 32 * j + l;
+                let byte = qs[(i / 64) * 32 + l];
+                let q = if j % 2 == 0 { byte & 15 } else { byte >> 4 };
+                s += q as i32 * xq[arranged(i)] as i32;
+            }
+            isum += ((sc >> (8 * j)) & 0xff) as i32 * s;
+            msum += ((m >> (8 * j)) & 0xff) as f32 * p.xs[b * 8 + j];
+        }
+        sum += d * p.d[b] * isum as f32 - dmin * msum;
+    }
+    sum
+}
+
+/// A [`crate::ffi::MatKernel`] for q4_K rows, scalar: the tests' reference.
+///
+/// # Safety
+/// As [`crate::ffi::MatKernel`]; `k` is a multiple of [`BLOCK`] and `row_bytes` is
+/// `k / BLOCK · BLOCK_BYTES`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn mat_scalar(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    k: usize,
+    x: *const f32,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        with_inputs(x, k, m, |inputs| {
+            for r in 0..n {
+                let row = std::slice::from_raw_parts(w.add(r * row_bytes), row_bytes);
+                for (j, p) in inputs.iter().enumerate() {
+                    *y.add(j * y_stride + r) = dot_scalar(row, p);
+                }
+            }
+        })
+    }
+}
+
+/// A [`crate::ffi::MatKernel`] for q4_K rows with AVX-512 VNNI; only where [`available`].
+///
+/// # Safety
+/// As [`mat_scalar`], on a CPU where [`available`] is true.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn mat_vnni(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    k: usize,
+    x: *const f32,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        with_inputs(x, k, m, |inputs| {
+            for r in 0..n {
+                let row = w.add(r * row_bytes);
+                for (j, p) in inputs.iter().enumerate() {
+                    *y.add(j * y_stride + r) = vnni::dot(row, k / BLOCK, p);
+                }
+            }
+        })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{scales_mins, Prepared, BLOCK, BLOCK_BYTES};
+    use std::arch::x86_64::*;
+
+    /// One row's dot product: `nb` blocks at `row`.
+    ///
+    /// # Safety
+    /// `row` points at `nb` q4_K blocks, `p` holds `nb` blocks; the CPU has the features of
+    /// [`super::available`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
+    pub unsafe fn dot(row: *const u8, nb: usize, p: &Prepared) -> f32 {
+        let low = _mm512_set1_epi8(0x0f);
+        let zero = _mm512_setzero_si512();
+        // The order in which the reduction below leaves the sub-blocks' sums.
+        let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        let mut acc = _mm256_setzero_ps();
+        let mut macc = _mm256_setzero_ps();
+        for b in 0..nb {
+            // SAFETY: block b of the row and of the prepared input (the caller's contract).
+            unsafe {
+                let blk = row.add(b * BLOCK_BYTES);
+                let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(blk.cast::<i32>().read_unaligned()));
+                let (d, dmin) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+                let (sc, m) = scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
+                let qs = blk.add(16);
+                let q0 = _mm512_loadu_si512(qs.cast());
+                let q1 = _mm512_loadu_si512(qs.add(64).cast());
+                let xq = p.q.as_ptr().add(b * BLOCK);
+                let x = |o: usize| _mm512_loadu_si512(xq.add(o).cast());
+                // Lanes 0..8 | 8..16: sub-blocks 0 | 2, 1 | 3, 4 | 6, 5 | 7.
+                let a0 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q0, low), x(0));
+                let a1 = _mm512_dpbusd_epi32(
+                    zero,
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(q0), low),
+                    x(64),
+                );
+                let a2 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q1, low), x(128));
+                let a3 = _mm512_dpbusd_epi32(
+                    zero,
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(q1), low),
+                    x(192),
+                );
+                // Sum each 8-lane half with shuffles (the multiplier port is the busy one):
+                // each 128-bit chunk c of u holds a0..a3 summed over lanes 4c..4c+4.
+                let t0 =
+                    _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+                let t1 =
+                    _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+                let u =
+                    _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+                let u = _mm512_add_epi32(u, _mm512_shuffle_i32x4::<0b10_11_00_01>(u, u));
+                // Chunks 0 and 2: sub-blocks 0, 1, 4, 5 and 2, 3, 6, 7.
+                let sums = _mm512_castsi512_si256(_mm512_permutexvar_epi32(
+                    _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0),
+                    u,
+                ));
+                let scv = _mm256_permutevar8x32_epi32(
+                    _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)),
+                    order,
+                );
+                let s = _mm256_cvtepi32_ps(_mm256_mullo_epi32(sums, scv));
+                acc = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *p.d.get_unchecked(b)), acc);
+                let mv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64)));
+                let xs = _mm256_loadu_ps(p.xs.as_ptr().add(b * 8));
+                macc = _mm256_fmadd_ps(mv, _mm256_mul_ps(_mm256_set1_ps(dmin), xs), macc);
+            }
+        }
+        let v = _mm256_sub_ps(acc, macc);
+        let v = _mm256_add_ps(v, _mm256_permute2f128_ps::<1>(v, v));
+        let v = _mm256_hadd_ps(v, v);
+        let v = _mm256_hadd_ps(v, v);
+        _mm256_cvtss_f32(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgmlType;
+    use rand::{Rng, SeedableRng};
+
+    /// `n` rows of `k` random weights as q4_K, their dequantized values, and `m` input rows.
+    fn case(n: usize, k: usize, m: usize, seed: u64) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.1f32..0.1)).collect();
+        let q = crate::ffi::quantize(GgmlType::Q4K, &w, k).unwrap();
+        let deq = crate::ffi::dequantize(GgmlType::Q4K, &q, n * k).unwrap();
+        let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2f32..2.0)).collect();
+        (q, deq, x)
+    }
+
+    fn run(
+        kernel: crate::ffi::MatKernel,
+        q: &[u8],
+        n: usize,
+        k: usize,
+        x: &[f32],
+        m: usize,
+    ) -> Vec<f32> {
+        let mut y = vec![f32::NAN; n * m];
+        // SAFETY: n rows of k / 256 blocks, m rows of k inputs, n · m outputs.
+        unsafe {
+            kernel(
+                q.as_ptr(),
+                k / BLOCK * BLOCK_BYTES,
+                n,
+                k,
+                x.as_ptr(),
+                m,
+                y.as_mut_ptr(),
+                n,
+            )
+        };
+        y
+    }
+
+    #[test]
+    fn scalar_kernel_matches_the_dequantized_rows_within_the_input_rounding() {
+        let (n, k, m) = (24, 1024, 2);
+        let (q, deq, x) = case(n, k, m, 1);
+        let y = run(mat_scalar, &q, n, k, &x, m);
+        let (mut err2, mut sig2) = (0f64, 0f64);
+        for j in 0..m {
+            for r in 0..n {
+                let row = &deq[r * k..(r + 1) * k];
+                let xr = &x[j * k..(j + 1) * k];
+                let exact: f64 = row.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                // Each input moves by at most half a step (max|x| / 254) when quantized.
+                let bound: f64 = row.iter().map(|a| a.abs() as f64).sum::<f64>() * 2.0 / 254.0;
+                let err = (y[j * n + r] as f64 - exact).abs();
+                err2 += err * err;
+                sig2 += exact * exact;
+                assert!(
+                    err <= bound,
+                    "row {r} input {j}: {} vs {exact}, error {err} > {bound}",
+                    y[j * n + r]
+                );
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vnni_kernel_equals_the_scalar_one() {
+        if !available() {
+            eprintln!("skipped: no AVX-512 VNNI on this CPU");
+            return;
+        }
+        for (n, k, m, seed) in [(16, 1024, 1, 2), (33, 3072, 2, 3), (8, 256, 3, 4)] {
+            let (q, _, x) = case(n, k, m, seed);
+            let s = run(mat_scalar, &q, n, k, &x, m);
+            let v = run(mat_vnni, &q, n, k, &x, m);
+            for (i, (a, b)) in s.iter().zip(&v).enumerate() {
+                // Same integer sums; only the order of the float sums differs.
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + a.abs()),
+                    "output {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
