@@ -196,10 +196,21 @@ pub unsafe fn mat_vnni(
     // SAFETY: the caller's contract.
     unsafe {
         with_inputs(x, k, m, |inputs| {
-            for r in 0..n {
-                let row = w.add(r * row_bytes);
-                for (j, p) in inputs.iter().enumerate() {
-                    *y.add(j * y_stride + r) = vnni::dot(row, k / BLOCK, p);
+            let nb = k / BLOCK;
+            for (j, p) in inputs.iter().enumerate() {
+                let y = y.add(j * y_stride);
+                let mut r = 0;
+                while r + 4 <= n {
+                    let mut out = [0f32; 4];
+                    let rows = std::array::from_fn(|i| w.add((r + i) * row_bytes));
+                    vnni::dots(rows, nb, p, &mut out);
+                    std::ptr::copy_nonoverlapping(out.as_ptr(), y.add(r), 4);
+                    r += 4;
+                }
+                for r in r..n {
+                    let mut out = [0f32; 1];
+                    vnni::dots([w.add(r * row_bytes)], nb, p, &mut out);
+                    *y.add(r) = out[0];
                 }
             }
         })
@@ -211,74 +222,96 @@ mod vnni {
     use super::{scales_mins, Prepared, BLOCK, BLOCK_BYTES};
     use std::arch::x86_64::*;
 
-    /// One row's dot product: `nb` blocks at `row`.
+    /// How far ahead of the block being read the kernel asks for the weights' cache lines.
+    const AHEAD: usize = 4608;
+
+    /// The products of rows `rows` (each `nb` blocks) with the input, written to `out`; rows
+    /// are interleaved block by block, so that each row's chain of dependent operations overlaps
+    /// the others'.
     ///
     /// # Safety
-    /// `row` points at `nb` q4_K blocks, `p` holds `nb` blocks; the CPU has the features of
+    /// Each row points at `nb` q4_K blocks, `p` holds `nb` blocks; the CPU has the features of
     /// [`super::available`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
-    pub unsafe fn dot(row: *const u8, nb: usize, p: &Prepared) -> f32 {
-        let low = _mm512_set1_epi8(0x0f);
-        let zero = _mm512_setzero_si512();
-        // The order in which the reduction below leaves the sub-blocks' sums.
-        let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-        let mut acc = _mm256_setzero_ps();
-        let mut macc = _mm256_setzero_ps();
+    pub unsafe fn dots<const R: usize>(
+        rows: [*const u8; R],
+        nb: usize,
+        p: &Prepared,
+        out: &mut [f32; R],
+    ) {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut macc = [_mm256_setzero_ps(); R];
         for b in 0..nb {
-            // SAFETY: block b of the row and of the prepared input (the caller's contract).
-            unsafe {
-                let blk = row.add(b * BLOCK_BYTES);
-                let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(blk.cast::<i32>().read_unaligned()));
-                let (d, dmin) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
-                let (sc, m) = scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
-                let qs = blk.add(16);
-                let q0 = _mm512_loadu_si512(qs.cast());
-                let q1 = _mm512_loadu_si512(qs.add(64).cast());
-                let xq = p.q.as_ptr().add(b * BLOCK);
-                let x = |o: usize| _mm512_loadu_si512(xq.add(o).cast());
-                // Lanes 0..8 | 8..16: sub-blocks 0 | 2, 1 | 3, 4 | 6, 5 | 7.
-                let a0 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q0, low), x(0));
-                let a1 = _mm512_dpbusd_epi32(
-                    zero,
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(q0), low),
-                    x(64),
-                );
-                let a2 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q1, low), x(128));
-                let a3 = _mm512_dpbusd_epi32(
-                    zero,
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(q1), low),
-                    x(192),
-                );
-                // Sum each 8-lane half with shuffles (the multiplier port is the busy one):
-                // each 128-bit chunk c of u holds a0..a3 summed over lanes 4c..4c+4.
-                let t0 =
-                    _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
-                let t1 =
-                    _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
-                let u =
-                    _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-                let u = _mm512_add_epi32(u, _mm512_shuffle_i32x4::<0b10_11_00_01>(u, u));
-                // Chunks 0 and 2: sub-blocks 0, 1, 4, 5 and 2, 3, 6, 7.
-                let sums = _mm512_castsi512_si256(_mm512_permutexvar_epi32(
-                    _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0),
-                    u,
-                ));
-                let scv = _mm256_permutevar8x32_epi32(
-                    _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)),
-                    order,
-                );
-                let s = _mm256_cvtepi32_ps(_mm256_mullo_epi32(sums, scv));
-                acc = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *p.d.get_unchecked(b)), acc);
-                let mv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64)));
-                let xs = _mm256_loadu_ps(p.xs.as_ptr().add(b * 8));
-                macc = _mm256_fmadd_ps(mv, _mm256_mul_ps(_mm256_set1_ps(dmin), xs), macc);
+            for r in 0..R {
+                let blk = rows[r].wrapping_add(b * BLOCK_BYTES);
+                // The same block `AHEAD` bytes on: a hint only, never dereferenced here, so it
+                // may point past the matrix.
+                let next = blk.wrapping_add(AHEAD);
+                _mm_prefetch::<_MM_HINT_T0>(next.cast());
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64).cast());
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(128).cast());
+                // SAFETY: block b of each row and of the prepared input (the caller's contract).
+                unsafe { block(blk, b, p, &mut acc[r], &mut macc[r]) };
             }
         }
-        let v = _mm256_sub_ps(acc, macc);
-        let v = _mm256_add_ps(v, _mm256_permute2f128_ps::<1>(v, v));
-        let v = _mm256_hadd_ps(v, v);
-        let v = _mm256_hadd_ps(v, v);
-        _mm256_cvtss_f32(v)
+        for r in 0..R {
+            let v = _mm256_sub_ps(acc[r], macc[r]);
+            let v = _mm256_add_ps(v, _mm256_permute2f128_ps::<1>(v, v));
+            let v = _mm256_hadd_ps(v, v);
+            let v = _mm256_hadd_ps(v, v);
+            out[r] = _mm256_cvtss_f32(v);
+        }
+    }
+
+    /// Adds block `b` of a row (at `blk`) times the input to `acc` (scales) and `macc` (mins).
+    #[inline(always)]
+    unsafe fn block(blk: *const u8, b: usize, p: &Prepared, acc: &mut __m256, macc: &mut __m256) {
+        // SAFETY: the caller's contract (see `dots`).
+        unsafe {
+            let low = _mm512_set1_epi8(0x0f);
+            let zero = _mm512_setzero_si512();
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(blk.cast::<i32>().read_unaligned()));
+            let (d, dmin) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+            let (sc, m) = scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
+            let qs = blk.add(16);
+            let q0 = _mm512_loadu_si512(qs.cast());
+            let q1 = _mm512_loadu_si512(qs.add(64).cast());
+            let xq = p.q.as_ptr().add(b * BLOCK);
+            let x = |o: usize| _mm512_loadu_si512(xq.add(o).cast());
+            // Lanes 0..8 | 8..16: sub-blocks 0 | 2, 1 | 3, 4 | 6, 5 | 7.
+            let a0 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q0, low), x(0));
+            let a1 = _mm512_dpbusd_epi32(
+                zero,
+                _mm512_and_si512(_mm512_srli_epi16::<4>(q0), low),
+                x(64),
+            );
+            let a2 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q1, low), x(128));
+            let a3 = _mm512_dpbusd_epi32(
+                zero,
+                _mm512_and_si512(_mm512_srli_epi16::<4>(q1), low),
+                x(192),
+            );
+            // Sum each 8-lane half with shuffles: each 128-bit chunk c of u holds a0..a3 summed
+            // over lanes 4c..4c+4.
+            let t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+            let t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+            let u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+            let u = _mm512_add_epi32(u, _mm512_shuffle_i32x4::<0b10_11_00_01>(u, u));
+            // Chunks 0 and 2: sub-blocks 0, 1, 4, 5 and 2, 3, 6, 7.
+            let sums = _mm512_castsi512_si256(_mm512_permutexvar_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0),
+                u,
+            ));
+            let scv = _mm256_permutevar8x32_epi32(
+                _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)),
+                _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7),
+            );
+            let s = _mm256_cvtepi32_ps(_mm256_mullo_epi32(sums, scv));
+            *acc = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *p.d.get_unchecked(b)), *acc);
+            let mv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64)));
+            let xs = _mm256_loadu_ps(p.xs.as_ptr().add(b * 8));
+            *macc = _mm256_fmadd_ps(mv, _mm256_mul_ps(_mm256_set1_ps(dmin), xs), *macc);
+        }
     }
 }
 
