@@ -197,20 +197,16 @@ pub unsafe fn mat_vnni(
     unsafe {
         with_inputs(x, k, m, |inputs| {
             let nb = k / BLOCK;
-            for (j, p) in inputs.iter().enumerate() {
-                let y = y.add(j * y_stride);
-                let mut r = 0;
-                while r + 4 <= n {
-                    let mut out = [0f32; 4];
-                    let rows = std::array::from_fn(|i| w.add((r + i) * row_bytes));
-                    vnni::dots(rows, nb, p, &mut out);
-                    std::ptr::copy_nonoverlapping(out.as_ptr(), y.add(r), 4);
-                    r += 4;
-                }
-                for r in r..n {
-                    let mut out = [0f32; 1];
-                    vnni::dots([w.add(r * row_bytes)], nb, p, &mut out);
-                    *y.add(r) = out[0];
+            let mut j = 0;
+            // Two inputs share each row's decoding; one input takes four rows at a time.
+            while j < m {
+                if j + 2 <= m {
+                    let ys = [y.add(j * y_stride), y.add((j + 1) * y_stride)];
+                    vnni::rows::<2, 2>(w, row_bytes, n, nb, [&inputs[j], &inputs[j + 1]], ys);
+                    j += 2;
+                } else {
+                    vnni::rows::<4, 1>(w, row_bytes, n, nb, [&inputs[j]], [y.add(j * y_stride)]);
+                    j += 1;
                 }
             }
         })
@@ -225,22 +221,56 @@ mod vnni {
     /// How far ahead of the block being read the kernel asks for the weights' cache lines.
     const AHEAD: usize = 4608;
 
-    /// The products of rows `rows` (each `nb` blocks) with the input, written to `out`; rows
-    /// are interleaved block by block, so that each row's chain of dependent operations overlaps
-    /// the others'.
+    /// The products of all `n` rows at `w` with the inputs `ps`, written at `ys` (one pointer
+    /// per input), `R` rows at a time.
     ///
     /// # Safety
-    /// Each row points at `nb` q4_K blocks, `p` holds `nb` blocks; the CPU has the features of
-    /// [`super::available`].
+    /// As [`super::mat_vnni`]: `n` rows of `nb` blocks, `row_bytes` apart; `n` outputs at each
+    /// of `ys`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
-    pub unsafe fn dots<const R: usize>(
+    pub unsafe fn rows<const R: usize, const M: usize>(
+        w: *const u8,
+        row_bytes: usize,
+        n: usize,
+        nb: usize,
+        ps: [&Prepared; M],
+        ys: [*mut f32; M],
+    ) {
+        // SAFETY: the caller's contract; every row index stays below n.
+        unsafe {
+            let mut r = 0;
+            while r + R <= n {
+                let rows = std::array::from_fn(|i| w.add((r + i) * row_bytes));
+                let out = dots::<R, M>(rows, nb, ps);
+                for (y, o) in ys.iter().zip(&out) {
+                    std::ptr::copy_nonoverlapping(o.as_ptr(), y.add(r), R);
+                }
+                r += R;
+            }
+            for r in r..n {
+                let out = dots::<1, M>([w.add(r * row_bytes)], nb, ps);
+                for (y, o) in ys.iter().zip(&out) {
+                    *y.add(r) = o[0];
+                }
+            }
+        }
+    }
+
+    /// The products of `R` rows (each `nb` blocks) with `M` inputs; rows are interleaved block
+    /// by block, so that each row's chain of dependent operations overlaps the others', and each
+    /// block is decoded once for all inputs.
+    ///
+    /// # Safety
+    /// Each row points at `nb` q4_K blocks, each input holds `nb` blocks; the CPU has the
+    /// features of [`super::available`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
+    unsafe fn dots<const R: usize, const M: usize>(
         rows: [*const u8; R],
         nb: usize,
-        p: &Prepared,
-        out: &mut [f32; R],
-    ) {
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut macc = [_mm256_setzero_ps(); R];
+        ps: [&Prepared; M],
+    ) -> [[f32; R]; M] {
+        let mut acc = [[_mm256_setzero_ps(); M]; R];
+        let mut macc = [[_mm256_setzero_ps(); M]; R];
         for b in 0..nb {
             for r in 0..R {
                 let blk = rows[r].wrapping_add(b * BLOCK_BYTES);
@@ -250,22 +280,33 @@ mod vnni {
                 _mm_prefetch::<_MM_HINT_T0>(next.cast());
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64).cast());
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(128).cast());
-                // SAFETY: block b of each row and of the prepared input (the caller's contract).
-                unsafe { block(blk, b, p, &mut acc[r], &mut macc[r]) };
+                // SAFETY: block b of each row and of the inputs (the caller's contract).
+                unsafe { block(blk, b, ps, &mut acc[r], &mut macc[r]) };
             }
         }
+        let mut out = [[0f32; R]; M];
         for r in 0..R {
-            let v = _mm256_sub_ps(acc[r], macc[r]);
-            let v = _mm256_add_ps(v, _mm256_permute2f128_ps::<1>(v, v));
-            let v = _mm256_hadd_ps(v, v);
-            let v = _mm256_hadd_ps(v, v);
-            out[r] = _mm256_cvtss_f32(v);
+            for j in 0..M {
+                let v = _mm256_sub_ps(acc[r][j], macc[r][j]);
+                let v = _mm256_add_ps(v, _mm256_permute2f128_ps::<1>(v, v));
+                let v = _mm256_hadd_ps(v, v);
+                let v = _mm256_hadd_ps(v, v);
+                out[j][r] = _mm256_cvtss_f32(v);
+            }
         }
+        out
     }
 
-    /// Adds block `b` of a row (at `blk`) times the input to `acc` (scales) and `macc` (mins).
+    /// Adds block `b` of a row (at `blk`) times each input to its `acc` (scales) and `macc`
+    /// (mins).
     #[inline(always)]
-    unsafe fn block(blk: *const u8, b: usize, p: &Prepared, acc: &mut __m256, macc: &mut __m256) {
+    unsafe fn block<const M: usize>(
+        blk: *const u8,
+        b: usize,
+        ps: [&Prepared; M],
+        acc: &mut [__m256; M],
+        macc: &mut [__m256; M],
+    ) {
         // SAFETY: the caller's contract (see `dots`).
         unsafe {
             let low = _mm512_set1_epi8(0x0f);
@@ -276,41 +317,43 @@ mod vnni {
             let qs = blk.add(16);
             let q0 = _mm512_loadu_si512(qs.cast());
             let q1 = _mm512_loadu_si512(qs.add(64).cast());
-            let xq = p.q.as_ptr().add(b * BLOCK);
-            let x = |o: usize| _mm512_loadu_si512(xq.add(o).cast());
-            // Lanes 0..8 | 8..16: sub-blocks 0 | 2, 1 | 3, 4 | 6, 5 | 7.
-            let a0 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q0, low), x(0));
-            let a1 = _mm512_dpbusd_epi32(
-                zero,
+            // Nibbles of sub-blocks 0 | 2, 1 | 3, 4 | 6, 5 | 7 (64 bytes each).
+            let nib = [
+                _mm512_and_si512(q0, low),
                 _mm512_and_si512(_mm512_srli_epi16::<4>(q0), low),
-                x(64),
-            );
-            let a2 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q1, low), x(128));
-            let a3 = _mm512_dpbusd_epi32(
-                zero,
+                _mm512_and_si512(q1, low),
                 _mm512_and_si512(_mm512_srli_epi16::<4>(q1), low),
-                x(192),
-            );
-            // Sum each 8-lane half with shuffles: each 128-bit chunk c of u holds a0..a3 summed
-            // over lanes 4c..4c+4.
-            let t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
-            let t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
-            let u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-            let u = _mm512_add_epi32(u, _mm512_shuffle_i32x4::<0b10_11_00_01>(u, u));
-            // Chunks 0 and 2: sub-blocks 0, 1, 4, 5 and 2, 3, 6, 7.
-            let sums = _mm512_castsi512_si256(_mm512_permutexvar_epi32(
-                _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0),
-                u,
-            ));
+            ];
             let scv = _mm256_permutevar8x32_epi32(
                 _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)),
                 _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7),
             );
-            let s = _mm256_cvtepi32_ps(_mm256_mullo_epi32(sums, scv));
-            *acc = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *p.d.get_unchecked(b)), *acc);
             let mv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64)));
-            let xs = _mm256_loadu_ps(p.xs.as_ptr().add(b * 8));
-            *macc = _mm256_fmadd_ps(mv, _mm256_mul_ps(_mm256_set1_ps(dmin), xs), *macc);
+            for (j, p) in ps.iter().enumerate() {
+                let xq = p.q.as_ptr().add(b * BLOCK);
+                let dp = |i: usize| {
+                    _mm512_dpbusd_epi32(zero, nib[i], _mm512_loadu_si512(xq.add(64 * i).cast()))
+                };
+                let (a0, a1, a2, a3) = (dp(0), dp(1), dp(2), dp(3));
+                // Sum each 8-lane half with shuffles: each 128-bit chunk c of u holds a0..a3
+                // summed over lanes 4c..4c+4.
+                let t0 =
+                    _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+                let t1 =
+                    _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+                let u =
+                    _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+                let u = _mm512_add_epi32(u, _mm512_shuffle_i32x4::<0b10_11_00_01>(u, u));
+                // Chunks 0 and 2: sub-blocks 0, 1, 4, 5 and 2, 3, 6, 7.
+                let sums = _mm512_castsi512_si256(_mm512_permutexvar_epi32(
+                    _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0),
+                    u,
+                ));
+                let s = _mm256_cvtepi32_ps(_mm256_mullo_epi32(sums, scv));
+                acc[j] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *p.d.get_unchecked(b)), acc[j]);
+                let xs = _mm256_loadu_ps(p.xs.as_ptr().add(b * 8));
+                macc[j] = _mm256_fmadd_ps(mv, _mm256_mul_ps(_mm256_set1_ps(dmin), xs), macc[j]);
+            }
         }
     }
 }
