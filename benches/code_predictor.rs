@@ -1,6 +1,7 @@
 //! One code-predictor frame (15 graph computes + 15 sample heads) on the full-size 0.6B geometry,
 //! at f32, f16, q8_0 and q4_K weights, with the scalar heads as the in-run baseline of the SIMD
-//! heads; q4_K layer products by ggml against `q4k::mat_vnni` (where the CPU has AVX-512 VNNI);
+//! heads; q4_K and q8_0 layer products by ggml against the VNNI kernels (where the CPU has
+//! AVX-512 VNNI);
 //! and the 15 heads alone, scalar vs SIMD.
 //!
 //! Run with: `cargo bench --bench code_predictor`. The model comes from `QTTS_BENCH_MODELS`
@@ -70,36 +71,35 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
-    // q4_K layer products: ggml's `mul_mat` (the baseline) against the VNNI kernel, 1 thread.
+    // Quantized layer products: ggml's `mul_mat` (the baseline) against the VNNI kernels, 1
+    // thread, q4_K then q8_0 weights.
     if qtts::code_predictor::q4k::available() {
         let pool = Threadpool::new(1, &[]).unwrap();
-        let mut g = c.benchmark_group("cp frame, q4_K layer products, 1 thread");
+        let mut g = c.benchmark_group("cp frame, quantized layer products, 1 thread");
         g.sample_size(20);
-        let f = GgufFile::open(qtts::bench::model_files(&dir, OutType::Q4K).mmproj).unwrap();
-        let mut cp = CodePredictor::load(&f).unwrap();
-        for vnni in [false, true] {
-            cp.set_vnni(vnni).unwrap();
-            let name = if vnni {
-                "q4k::mat_vnni"
-            } else {
-                "ggml mul_mat"
-            };
-            g.bench_function(name, |b| {
-                b.iter(|| {
-                    cp.frame(
-                        &pool,
-                        &hidden,
-                        100,
-                        &mut |_, l| qtts::sampling::argmax(l),
-                        None,
-                    )
-                    .unwrap()
-                })
-            });
+        for ty in [OutType::Q4K, OutType::Q8_0] {
+            let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
+            let mut cp = CodePredictor::load(&f).unwrap();
+            for vnni in [false, true] {
+                cp.set_vnni(vnni).unwrap();
+                let kernel = if vnni { "VNNI kernel" } else { "ggml mul_mat" };
+                g.bench_function(format!("{} weights, {kernel}", ty.name()), |b| {
+                    b.iter(|| {
+                        cp.frame(
+                            &pool,
+                            &hidden,
+                            100,
+                            &mut |_, l| qtts::sampling::argmax(l),
+                            None,
+                        )
+                        .unwrap()
+                    })
+                });
+            }
         }
         g.finish();
     } else {
-        eprintln!("q4_K layer products: no AVX-512 VNNI on this CPU, group skipped");
+        eprintln!("quantized layer products: no AVX-512 VNNI on this CPU, group skipped");
     }
     // The heads alone: 15 heads of 2048 × 1024 on one hidden state.
     let w: Vec<f32> = (0..15 * 2048 * 1024)

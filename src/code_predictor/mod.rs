@@ -18,6 +18,7 @@
 
 pub mod heads;
 pub mod q4k;
+pub mod q8;
 
 use heads::{Heads, Kernel};
 
@@ -126,7 +127,8 @@ pub struct CodePredictor {
     /// One embedding row, for [`CodePredictor::embed_frame`].
     row: Vec<f32>,
     profile: Option<Profile>,
-    /// q4_K layer products by [`q4k::mat_vnni`] where the CPU has it (default), else ggml's.
+    /// q4_K and q8_0 layer products by the VNNI kernels where the CPU has them (default), else
+    /// ggml's.
     vnni: bool,
     /// Read by the graphs through ggml's pointers; owned here to outlive them.
     weights: Context,
@@ -233,14 +235,15 @@ impl CodePredictor {
         })
     }
 
-    /// Computes the q4_K layer products with [`q4k::mat_vnni`] (`true`, the default where
+    /// Computes the q4_K and q8_0 layer products with [`q4k::mat_vnni`] and [`q8::mat_vnni`]
+    /// (`true`, the default where
     /// [`q4k::available`]) or with ggml's `mul_mat` (`false`: the benches' baseline). Rebuilds
     /// the frame's graphs; `true` without the CPU features is refused.
     pub fn set_vnni(&mut self, on: bool) -> Result<(), ModelError> {
         if on && !q4k::available() {
             return Err(ModelError::Unsupported {
-                what: "VNNI q4_K products".into(),
-                expected: "a CPU with AVX-512 F, BW, VNNI and F16C".into(),
+                what: "VNNI q4_K and q8_0 products".into(),
+                expected: "a CPU with AVX-512 F, BW, VL, VNNI and F16C".into(),
                 found: "a CPU without them".into(),
             });
         }
@@ -661,8 +664,8 @@ fn build_step(
     }
 }
 
-/// `mul_mat(w, x)` of a layer: q4_K rows by [`q4k::mat_vnni`] when `vnni` (set only where
-/// [`q4k::available`]), else ggml's.
+/// `mul_mat(w, x)` of a layer: q4_K and q8_0 rows by [`q4k::mat_vnni`] and [`q8::mat_vnni`]
+/// when `vnni` (set only where [`q4k::available`]), else ggml's.
 fn layer_product<'a>(
     c: &'a Context,
     w: Tensor<'a>,
@@ -672,6 +675,10 @@ fn layer_product<'a>(
     #[cfg(target_arch = "x86_64")]
     if vnni && w.is_type(GgmlType::Q4K) && w.ne()[0] % q4k::BLOCK == 0 {
         return c.map_mat(w, x, q4k::mat_vnni);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if vnni && w.is_type(GgmlType::Q8_0) && w.ne()[0] % q8::BLOCK == 0 {
+        return c.map_mat(w, x, q8::mat_vnni);
     }
     let _ = vnni;
     c.mul_mat(w, x)

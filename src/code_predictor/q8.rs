@@ -1,0 +1,348 @@
+//! q8_0 matrix-vector products with VNNI, for the code predictor's layers stored as q8_0: one
+//! `vpdpbusd` multiplies a block's 32 weights by 32 int8 inputs, where ggml's AVX2 kernel
+//! (`ggml_vec_dot_q8_0_q8_0`) runs below the memory bandwidth (PERFORMANCE.md).
+//!
+//! A q8_0 block (ggml's `block_q8_0`, 34 bytes) holds 32 weights: an f16 scale `d` and 32 int8
+//! `q`, weight `d · q`. `vpdpbusd` takes one side unsigned, so the kernel reads `q + 128` (the
+//! byte with its top bit flipped) and subtracts `128 · Σ xq`, a property of the input computed
+//! once per call.
+//!
+//! The input is quantized once per call, per 32 values, to int8 with scale `dx = max|x| / 127`
+//! (as ggml's `q8_0`). [`mat_scalar`] is the same arithmetic without SIMD: the reference of the
+//! tests and of [`mat_vnni`], which the code predictor uses where [`super::q4k::available`] says
+//! the CPU has VNNI.
+
+use std::cell::RefCell;
+
+/// Weights per q8_0 block.
+pub const BLOCK: usize = 32;
+/// Bytes per q8_0 block.
+pub const BLOCK_BYTES: usize = 34;
+
+/// Input rows quantized for the kernels.
+#[derive(Default)]
+struct Prepared {
+    /// The int8 values.
+    q: Vec<i8>,
+    /// Per block, its scale.
+    d: Vec<f32>,
+    /// Per block, `128 · dx · Σ q`: what the flipped top bit adds to the block's product.
+    c: Vec<f32>,
+}
+
+impl Prepared {
+    fn fill(&mut self, x: &[f32]) {
+        let nb = x.len() / BLOCK;
+        self.q.resize(nb * BLOCK, 0);
+        self.d.resize(nb, 0.0);
+        self.c.resize(nb, 0.0);
+        for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            let mut sum = 0i32;
+            for (i, &v) in xb.iter().enumerate() {
+                let q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+                self.q[b * BLOCK + i] = q;
+                sum += q as i32;
+            }
+            self.d[b] = d;
+            self.c[b] = 128.0 * d * sum as f32;
+        }
+    }
+}
+
+thread_local! {
+    /// The inputs of the current call, reused across calls on this thread.
+    static SCRATCH: RefCell<Vec<Prepared>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Quantizes the `m` input rows at `x` (`k` values each) into this thread's scratch and calls
+/// `f` with them.
+///
+/// # Safety
+/// `x` points at `m · k` floats.
+unsafe fn with_inputs<R>(x: *const f32, k: usize, m: usize, f: impl FnOnce(&[Prepared]) -> R) -> R {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < m {
+            s.resize_with(m, Prepared::default);
+        }
+        for (j, p) in s.iter_mut().take(m).enumerate() {
+            // SAFETY: row j of the caller's m rows of k floats.
+            p.fill(unsafe { std::slice::from_raw_parts(x.add(j * k), k) });
+        }
+        f(&s[..m])
+    })
+}
+
+/// One row's dot product, scalar, with the kernel's arithmetic: `(q + 128) · xq` summed per
+/// block, minus the input's correction.
+fn dot_scalar(row: &[u8], p: &Prepared) -> f32 {
+    let mut sum = 0f32;
+    let mut corr = 0f32;
+    for (b, blk) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+        let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+        let xq = &p.q[b * BLOCK..(b + 1) * BLOCK];
+        let s: i32 = blk[2..]
+            .iter()
+            .zip(xq)
+            .map(|(&w, &x)| (w ^ 0x80) as i32 * x as i32)
+            .sum();
+        sum += d * p.d[b] * s as f32;
+        corr += d * p.c[b];
+    }
+    sum - corr
+}
+
+/// A [`crate::ffi::MatKernel`] for q8_0 rows, scalar: the tests' reference.
+///
+/// # Safety
+/// As [`crate::ffi::MatKernel`]; `k` is a multiple of [`BLOCK`] and `row_bytes` is
+/// `k / BLOCK · BLOCK_BYTES`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn mat_scalar(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    k: usize,
+    x: *const f32,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        with_inputs(x, k, m, |inputs| {
+            for r in 0..n {
+                let row = std::slice::from_raw_parts(w.add(r * row_bytes), row_bytes);
+                for (j, p) in inputs.iter().enumerate() {
+                    *y.add(j * y_stride + r) = dot_scalar(row, p);
+                }
+            }
+        })
+    }
+}
+
+/// A [`crate::ffi::MatKernel`] for q8_0 rows with VNNI; only where [`super::q4k::available`].
+///
+/// # Safety
+/// As [`mat_scalar`], on a CPU where [`super::q4k::available`] is true.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn mat_vnni(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    k: usize,
+    x: *const f32,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        with_inputs(x, k, m, |inputs| {
+            let nb = k / BLOCK;
+            let mut j = 0;
+            // Two inputs share each row's loads; one input takes four rows at a time.
+            while j < m {
+                if j + 2 <= m {
+                    let ys = [y.add(j * y_stride), y.add((j + 1) * y_stride)];
+                    vnni::rows::<2, 2>(w, row_bytes, n, nb, [&inputs[j], &inputs[j + 1]], ys);
+                    j += 2;
+                } else {
+                    let ys = [y.add(j * y_stride)];
+                    vnni::rows::<4, 1>(w, row_bytes, n, nb, [&inputs[j]], ys);
+                    j += 1;
+                }
+            }
+        })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{Prepared, BLOCK, BLOCK_BYTES};
+    use std::arch::x86_64::*;
+
+    /// How far ahead of the block being read the kernel asks for the weights' cache lines.
+    const AHEAD: usize = 4608;
+
+    /// The products of all `n` rows at `w` with the inputs `ps`, written at `ys` (one pointer
+    /// per input), `R` rows at a time.
+    ///
+    /// # Safety
+    /// As [`super::mat_vnni`]: `n` rows of `nb` blocks, `row_bytes` apart; `n` outputs at each
+    /// of `ys`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+    pub unsafe fn rows<const R: usize, const M: usize>(
+        w: *const u8,
+        row_bytes: usize,
+        n: usize,
+        nb: usize,
+        ps: [&Prepared; M],
+        ys: [*mut f32; M],
+    ) {
+        // SAFETY: the caller's contract; every row index stays below n.
+        unsafe {
+            let mut r = 0;
+            while r + R <= n {
+                let rows = std::array::from_fn(|i| w.add((r + i) * row_bytes));
+                let out = dots::<R, M>(rows, nb, ps);
+                for (y, o) in ys.iter().zip(&out) {
+                    std::ptr::copy_nonoverlapping(o.as_ptr(), y.add(r), R);
+                }
+                r += R;
+            }
+            for r in r..n {
+                let out = dots::<1, M>([w.add(r * row_bytes)], nb, ps);
+                for (y, o) in ys.iter().zip(&out) {
+                    *y.add(r) = o[0];
+                }
+            }
+        }
+    }
+
+    /// The products of `R` rows (each `nb` blocks) with `M` inputs, rows interleaved block by
+    /// block.
+    ///
+    /// # Safety
+    /// Each row points at `nb` q8_0 blocks, each input holds `nb` blocks; the CPU has the
+    /// features of [`super::super::q4k::available`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c")]
+    unsafe fn dots<const R: usize, const M: usize>(
+        rows: [*const u8; R],
+        nb: usize,
+        ps: [&Prepared; M],
+    ) -> [[f32; R]; M] {
+        let flip = _mm256_set1_epi8(-128);
+        let zero = _mm256_setzero_si256();
+        let mut acc = [[_mm256_setzero_ps(); M]; R];
+        let mut corr = [[0f32; M]; R];
+        for b in 0..nb {
+            for r in 0..R {
+                let blk = rows[r].wrapping_add(b * BLOCK_BYTES);
+                // A hint only, never dereferenced here, so it may point past the matrix.
+                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(AHEAD).cast());
+                // SAFETY: block b of each row and of the inputs (the caller's contract).
+                unsafe {
+                    let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                        blk.cast::<u16>().read_unaligned() as i32,
+                    )));
+                    let q = _mm256_xor_si256(_mm256_loadu_si256(blk.add(2).cast()), flip);
+                    for (j, p) in ps.iter().enumerate() {
+                        let x = _mm256_loadu_si256(p.q.as_ptr().add(b * BLOCK).cast());
+                        let s = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, q, x));
+                        let scale = _mm256_set1_ps(d * *p.d.get_unchecked(b));
+                        acc[r][j] = _mm256_fmadd_ps(s, scale, acc[r][j]);
+                        corr[r][j] += d * *p.c.get_unchecked(b);
+                    }
+                }
+            }
+        }
+        let mut out = [[0f32; R]; M];
+        for r in 0..R {
+            for j in 0..M {
+                let v = acc[r][j];
+                let v = _mm256_add_ps(v, _mm256_permute2f128_ps::<1>(v, v));
+                let v = _mm256_hadd_ps(v, v);
+                let v = _mm256_hadd_ps(v, v);
+                out[j][r] = _mm256_cvtss_f32(v) - corr[r][j];
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgmlType;
+    use rand::{Rng, SeedableRng};
+
+    /// `n` rows of `k` random weights as q8_0, their dequantized values, and `m` input rows.
+    fn case(n: usize, k: usize, m: usize, seed: u64) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.1f32..0.1)).collect();
+        let q = crate::ffi::quantize(GgmlType::Q8_0, &w, k).unwrap();
+        let deq = crate::ffi::dequantize(GgmlType::Q8_0, &q, n * k).unwrap();
+        let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2f32..2.0)).collect();
+        (q, deq, x)
+    }
+
+    fn run(
+        kernel: crate::ffi::MatKernel,
+        q: &[u8],
+        n: usize,
+        k: usize,
+        x: &[f32],
+        m: usize,
+    ) -> Vec<f32> {
+        let mut y = vec![f32::NAN; n * m];
+        // SAFETY: n rows of k / 32 blocks, m rows of k inputs, n · m outputs.
+        unsafe {
+            kernel(
+                q.as_ptr(),
+                k / BLOCK * BLOCK_BYTES,
+                n,
+                k,
+                x.as_ptr(),
+                m,
+                y.as_mut_ptr(),
+                n,
+            )
+        };
+        y
+    }
+
+    #[test]
+    fn scalar_kernel_matches_the_dequantized_rows_within_the_input_rounding() {
+        let (n, k, m) = (24, 1024, 2);
+        let (q, deq, x) = case(n, k, m, 1);
+        let y = run(mat_scalar, &q, n, k, &x, m);
+        let (mut err2, mut sig2) = (0f64, 0f64);
+        for j in 0..m {
+            for r in 0..n {
+                let row = &deq[r * k..(r + 1) * k];
+                let xr = &x[j * k..(j + 1) * k];
+                let exact: f64 = row.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                // Each input moves by at most half a step (max|x| / 254) when quantized.
+                let bound: f64 = row.iter().map(|a| a.abs() as f64).sum::<f64>() * 2.0 / 254.0;
+                let err = (y[j * n + r] as f64 - exact).abs();
+                err2 += err * err;
+                sig2 += exact * exact;
+                assert!(
+                    err <= bound,
+                    "row {r} input {j}: {} vs {exact}, error {err} > {bound}",
+                    y[j * n + r]
+                );
+            }
+        }
+        // The inputs' rounding moves the outputs by well under 1 % (rms); a misread block by as
+        // much as the outputs themselves.
+        let rel = (err2 / sig2).sqrt();
+        assert!(rel < 0.01, "relative rms error {rel}");
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vnni_kernel_equals_the_scalar_one() {
+        if !super::super::q4k::available() {
+            eprintln!("skipped: no AVX-512 VNNI on this CPU");
+            return;
+        }
+        for (n, k, m, seed) in [(16, 1024, 1, 2), (33, 3072, 2, 3), (9, 64, 3, 4)] {
+            let (q, _, x) = case(n, k, m, seed);
+            let s = run(mat_scalar, &q, n, k, &x, m);
+            let v = run(mat_vnni, &q, n, k, &x, m);
+            for (i, (a, b)) in s.iter().zip(&v).enumerate() {
+                // Same integer sums; only the order of the float sums differs.
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+                    "output {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
