@@ -19,6 +19,7 @@
 pub mod heads;
 pub mod q4k;
 pub mod q8;
+mod quant;
 
 use heads::{Heads, Kernel};
 
@@ -673,11 +674,11 @@ fn layer_product<'a>(
     vnni: bool,
 ) -> Result<Tensor<'a>, GgmlError> {
     #[cfg(target_arch = "x86_64")]
-    if vnni && w.is_type(GgmlType::Q4K) && w.ne()[0] % q4k::BLOCK == 0 {
+    if vnni && w.is_type(GgmlType::Q4K) && w.ne()[0].is_multiple_of(q4k::BLOCK) {
         return c.map_mat(w, x, q4k::mat_vnni);
     }
     #[cfg(target_arch = "x86_64")]
-    if vnni && w.is_type(GgmlType::Q8_0) && w.ne()[0] % q8::BLOCK == 0 {
+    if vnni && w.is_type(GgmlType::Q8_0) && w.ne()[0].is_multiple_of(q8::BLOCK) {
         return c.map_mat(w, x, q8::mat_vnni);
     }
     let _ = vnni;

@@ -18,6 +18,8 @@
 
 use std::cell::RefCell;
 
+use super::quant::{with_inputs, Fill};
+
 /// Weights per q4_K block.
 pub const BLOCK: usize = 256;
 /// Bytes per q4_K block.
@@ -75,7 +77,7 @@ struct Prepared {
     xs: Vec<f32>,
 }
 
-impl Prepared {
+impl Fill for Prepared {
     fn fill(&mut self, x: &[f32]) {
         let nb = x.len() / BLOCK;
         self.q.resize(nb * BLOCK, 0);
@@ -102,25 +104,6 @@ impl Prepared {
 thread_local! {
     /// The inputs of the current call, reused across calls on this thread.
     static SCRATCH: RefCell<Vec<Prepared>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Quantizes the `m` input rows at `x` (`k` values each) into this thread's scratch and calls
-/// `f` with them.
-///
-/// # Safety
-/// `x` points at `m · k` floats.
-unsafe fn with_inputs<R>(x: *const f32, k: usize, m: usize, f: impl FnOnce(&[Prepared]) -> R) -> R {
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.len() < m {
-            s.resize_with(m, Prepared::default);
-        }
-        for (j, p) in s.iter_mut().take(m).enumerate() {
-            // SAFETY: row j of the caller's m rows of k floats.
-            p.fill(unsafe { std::slice::from_raw_parts(x.add(j * k), k) });
-        }
-        f(&s[..m])
-    })
 }
 
 /// One row's dot product, scalar.
@@ -168,7 +151,7 @@ pub unsafe fn mat_scalar(
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        with_inputs(x, k, m, |inputs| {
+        with_inputs(&SCRATCH, x, k, m, |inputs| {
             for r in 0..n {
                 let row = std::slice::from_raw_parts(w.add(r * row_bytes), row_bytes);
                 for (j, p) in inputs.iter().enumerate() {
@@ -197,7 +180,7 @@ pub unsafe fn mat_vnni(
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        with_inputs(x, k, m, |inputs| {
+        with_inputs(&SCRATCH, x, k, m, |inputs| {
             let nb = k / BLOCK;
             let mut j = 0;
             // Two inputs share each row's decoding; one input takes four rows at a time.
@@ -362,72 +345,13 @@ mod vnni {
 
 #[cfg(test)]
 mod tests {
+    use super::super::quant::testing;
     use super::*;
     use crate::gguf::GgmlType;
-    use rand::{Rng, SeedableRng};
-
-    /// `n` rows of `k` random weights as q4_K, their dequantized values, and `m` input rows.
-    fn case(n: usize, k: usize, m: usize, seed: u64) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.1f32..0.1)).collect();
-        let q = crate::ffi::quantize(GgmlType::Q4K, &w, k).unwrap();
-        let deq = crate::ffi::dequantize(GgmlType::Q4K, &q, n * k).unwrap();
-        let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2f32..2.0)).collect();
-        (q, deq, x)
-    }
-
-    fn run(
-        kernel: crate::ffi::MatKernel,
-        q: &[u8],
-        n: usize,
-        k: usize,
-        x: &[f32],
-        m: usize,
-    ) -> Vec<f32> {
-        let mut y = vec![f32::NAN; n * m];
-        // SAFETY: n rows of k / 256 blocks, m rows of k inputs, n · m outputs.
-        unsafe {
-            kernel(
-                q.as_ptr(),
-                k / BLOCK * BLOCK_BYTES,
-                n,
-                k,
-                x.as_ptr(),
-                m,
-                y.as_mut_ptr(),
-                n,
-            )
-        };
-        y
-    }
 
     #[test]
     fn scalar_kernel_matches_the_dequantized_rows_within_the_input_rounding() {
-        let (n, k, m) = (24, 1024, 2);
-        let (q, deq, x) = case(n, k, m, 1);
-        let y = run(mat_scalar, &q, n, k, &x, m);
-        let (mut err2, mut sig2) = (0f64, 0f64);
-        for j in 0..m {
-            for r in 0..n {
-                let row = &deq[r * k..(r + 1) * k];
-                let xr = &x[j * k..(j + 1) * k];
-                let exact: f64 = row.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
-                // Each input moves by at most half a step (max|x| / 254) when quantized.
-                let bound: f64 = row.iter().map(|a| a.abs() as f64).sum::<f64>() * 2.0 / 254.0;
-                let err = (y[j * n + r] as f64 - exact).abs();
-                err2 += err * err;
-                sig2 += exact * exact;
-                assert!(
-                    err <= bound,
-                    "row {r} input {j}: {} vs {exact}, error {err} > {bound}",
-                    y[j * n + r]
-                );
-            }
-        }
-        // The inputs' rounding moves the outputs by well under 1 % (rms); a misplaced nibble by
-        // as much as the outputs themselves.
-        let rel = (err2 / sig2).sqrt();
-        assert!(rel < 0.01, "relative rms error {rel}");
+        testing::check_against_dequantized(mat_scalar, GgmlType::Q4K);
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -437,17 +361,11 @@ mod tests {
             eprintln!("skipped: no AVX-512 VNNI on this CPU");
             return;
         }
-        for (n, k, m, seed) in [(16, 1024, 1, 2), (33, 3072, 2, 3), (8, 256, 3, 4)] {
-            let (q, _, x) = case(n, k, m, seed);
-            let s = run(mat_scalar, &q, n, k, &x, m);
-            let v = run(mat_vnni, &q, n, k, &x, m);
-            for (i, (a, b)) in s.iter().zip(&v).enumerate() {
-                // Same integer sums; only the order of the float sums differs.
-                assert!(
-                    (a - b).abs() <= 1e-5 * (1.0 + a.abs()),
-                    "output {i}: {a} vs {b}"
-                );
-            }
-        }
+        testing::check_same(
+            mat_scalar,
+            mat_vnni,
+            GgmlType::Q4K,
+            &[(16, 1024, 1), (33, 3072, 2), (8, 256, 3)],
+        );
     }
 }

@@ -1,0 +1,132 @@
+//! What the VNNI kernels of [`super::q4k`] and [`super::q8`] share: each call's input rows,
+//! quantized once into a per-thread scratch, and the tests' cases.
+
+use std::cell::RefCell;
+use std::thread::LocalKey;
+
+/// An input row quantized for a kernel.
+pub(super) trait Fill: Default {
+    /// Quantizes `x` (a whole number of the kernel's blocks) into `self`, reusing its memory.
+    fn fill(&mut self, x: &[f32]);
+}
+
+/// Quantizes the `m` input rows at `x` (`k` values each) into `scratch` (this thread's) and
+/// calls `f` with them.
+///
+/// # Safety
+/// `x` points at `m · k` floats.
+pub(super) unsafe fn with_inputs<P: Fill, R>(
+    scratch: &'static LocalKey<RefCell<Vec<P>>>,
+    x: *const f32,
+    k: usize,
+    m: usize,
+    f: impl FnOnce(&[P]) -> R,
+) -> R {
+    scratch.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < m {
+            s.resize_with(m, P::default);
+        }
+        for (j, p) in s.iter_mut().take(m).enumerate() {
+            // SAFETY: row j of the caller's m rows of k floats.
+            p.fill(unsafe { std::slice::from_raw_parts(x.add(j * k), k) });
+        }
+        f(&s[..m])
+    })
+}
+
+/// Rows and inputs for the kernels' tests, and the two checks every kernel passes.
+#[cfg(test)]
+pub(super) mod testing {
+    use crate::ffi::MatKernel;
+    use crate::gguf::GgmlType;
+    use rand::{Rng, SeedableRng};
+
+    /// `n` rows of `k` random weights quantized as `ty`, their dequantized values, and `m`
+    /// input rows.
+    pub fn case(
+        ty: GgmlType,
+        n: usize,
+        k: usize,
+        m: usize,
+        seed: u64,
+    ) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.1f32..0.1)).collect();
+        let q = crate::ffi::quantize(ty, &w, k).unwrap();
+        let deq = crate::ffi::dequantize(ty, &q, n * k).unwrap();
+        let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2f32..2.0)).collect();
+        (q, deq, x)
+    }
+
+    /// `kernel` on `n` rows of `q` (of `k` weights each) and the `m` rows of `x`.
+    pub fn run(kernel: MatKernel, q: &[u8], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
+        let mut y = vec![f32::NAN; n * m];
+        let row_bytes = q.len() / n;
+        // SAFETY: n rows of row_bytes, m rows of k inputs, n · m outputs.
+        unsafe {
+            kernel(
+                q.as_ptr(),
+                row_bytes,
+                n,
+                k,
+                x.as_ptr(),
+                m,
+                y.as_mut_ptr(),
+                n,
+            )
+        };
+        y
+    }
+
+    /// `kernel` against the f64 products of the dequantized rows: each output within what
+    /// rounding the inputs to int8 can move it, and all of them within 1 % (rms).
+    pub fn check_against_dequantized(kernel: MatKernel, ty: GgmlType) {
+        let (n, k, m) = (24, 1024, 2);
+        let (q, deq, x) = case(ty, n, k, m, 1);
+        let y = run(kernel, &q, n, k, &x, m);
+        let (mut err2, mut sig2) = (0f64, 0f64);
+        for j in 0..m {
+            for r in 0..n {
+                let row = &deq[r * k..(r + 1) * k];
+                let xr = &x[j * k..(j + 1) * k];
+                let exact: f64 = row.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                // Each input moves by at most half a step (max|x| / 254) when quantized.
+                let bound: f64 = row.iter().map(|a| a.abs() as f64).sum::<f64>() * 2.0 / 254.0;
+                let err = (y[j * n + r] as f64 - exact).abs();
+                err2 += err * err;
+                sig2 += exact * exact;
+                assert!(
+                    err <= bound,
+                    "row {r} input {j}: {} vs {exact}, error {err} > {bound}",
+                    y[j * n + r]
+                );
+            }
+        }
+        // The inputs' rounding moves the outputs by well under 1 % (rms); a misread weight by as
+        // much as the outputs themselves.
+        let rel = (err2 / sig2).sqrt();
+        assert!(rel < 0.01, "relative rms error {rel}");
+    }
+
+    /// `simd` against `scalar` on each `(n, k, m)`: the same integer sums, so only the order of
+    /// the float sums may differ.
+    pub fn check_same(
+        scalar: MatKernel,
+        simd: MatKernel,
+        ty: GgmlType,
+        shapes: &[(usize, usize, usize)],
+    ) {
+        for (seed, &(n, k, m)) in shapes.iter().enumerate() {
+            let (q, _, x) = case(ty, n, k, m, seed as u64 + 2);
+            let s = run(scalar, &q, n, k, &x, m);
+            let v = run(simd, &q, n, k, &x, m);
+            for (i, (a, b)) in s.iter().zip(&v).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+                    "{n}x{k}, {m} inputs, output {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
