@@ -18,7 +18,7 @@
 
 use std::cell::RefCell;
 
-use super::quant::{with_inputs, Fill};
+use super::quant::{to_i8, with_inputs, Fill};
 
 /// Weights per q4_K block.
 pub const BLOCK: usize = 256;
@@ -89,7 +89,7 @@ impl Fill for Prepared {
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             let mut sums = [0i32; 8];
             for (i, &v) in xb.iter().enumerate() {
-                let q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+                let q = to_i8(v * inv);
                 self.q[b * BLOCK + arranged(i)] = q;
                 sums[i / 32] += q as i32;
             }

@@ -14,7 +14,7 @@
 
 use std::cell::RefCell;
 
-use super::quant::{with_inputs, Fill};
+use super::quant::{to_i8, with_inputs, Fill};
 
 /// Weights per q8_0 block.
 pub const BLOCK: usize = 32;
@@ -44,7 +44,7 @@ impl Fill for Prepared {
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             let mut sum = 0i32;
             for (i, &v) in xb.iter().enumerate() {
-                let q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+                let q = to_i8(v * inv);
                 self.q[b * BLOCK + i] = q;
                 sum += q as i32;
             }

@@ -10,6 +10,14 @@ pub(super) trait Fill: Default {
     fn fill(&mut self, x: &[f32]);
 }
 
+/// `t` (within ±127) rounded to the nearest integer, ties to even, as i8: adding and taking away
+/// 1.5 · 2²³ leaves no fraction bits (a `roundf` call per value cost 3 % of the code predictor).
+#[inline(always)]
+pub(super) fn to_i8(t: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0;
+    ((t + MAGIC) - MAGIC).clamp(-127.0, 127.0) as i8
+}
+
 /// Quantizes the `m` input rows at `x` (`k` values each) into `scratch` (this thread's) and
 /// calls `f` with them.
 ///
@@ -107,6 +115,24 @@ pub(super) mod testing {
         // much as the outputs themselves.
         let rel = (err2 / sig2).sqrt();
         assert!(rel < 0.01, "relative rms error {rel}");
+    }
+
+    #[test]
+    fn to_i8_rounds_to_nearest_with_ties_to_even() {
+        for (t, q) in [
+            (0.4, 0),
+            (0.5, 0),
+            (1.5, 2),
+            (2.5, 2),
+            (-0.6, -1),
+            (-126.5, -126),
+        ] {
+            assert_eq!(super::to_i8(t), q, "{t}");
+        }
+        for t in (-1270..=1270).map(|i| i as f32 * 0.1 + 0.03) {
+            assert_eq!(super::to_i8(t) as f32, t.round(), "{t}");
+        }
+        assert_eq!(super::to_i8(127.4), 127);
     }
 
     /// `simd` against `scalar` on each `(n, k, m)`: the same integer sums, so only the order of
