@@ -18,6 +18,8 @@
 
 use std::cell::RefCell;
 
+#[cfg(target_arch = "x86_64")]
+use super::quant::{drive, Dots};
 use super::quant::{to_i8, with_inputs, Fill};
 
 /// Weights per q4_K block.
@@ -181,19 +183,7 @@ pub unsafe fn mat_vnni(
     // SAFETY: the caller's contract.
     unsafe {
         with_inputs(&SCRATCH, x, k, m, |inputs| {
-            let nb = k / BLOCK;
-            let mut j = 0;
-            // Two inputs share each row's decoding; one input takes four rows at a time.
-            while j < m {
-                if j + 2 <= m {
-                    let ys = [y.add(j * y_stride), y.add((j + 1) * y_stride)];
-                    vnni::rows::<2, 2>(w, row_bytes, n, nb, [&inputs[j], &inputs[j + 1]], ys);
-                    j += 2;
-                } else {
-                    vnni::rows::<4, 1>(w, row_bytes, n, nb, [&inputs[j]], [y.add(j * y_stride)]);
-                    j += 1;
-                }
-            }
+            drive(w, row_bytes, n, k / BLOCK, inputs, y, y_stride)
         })
     }
 }
@@ -206,41 +196,6 @@ mod vnni {
     /// How far ahead of the block being read the kernel asks for the weights' cache lines.
     const AHEAD: usize = 4608;
 
-    /// The products of all `n` rows at `w` with the inputs `ps`, written at `ys` (one pointer
-    /// per input), `R` rows at a time.
-    ///
-    /// # Safety
-    /// As [`super::mat_vnni`]: `n` rows of `nb` blocks, `row_bytes` apart; `n` outputs at each
-    /// of `ys`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
-    pub unsafe fn rows<const R: usize, const M: usize>(
-        w: *const u8,
-        row_bytes: usize,
-        n: usize,
-        nb: usize,
-        ps: [&Prepared; M],
-        ys: [*mut f32; M],
-    ) {
-        // SAFETY: the caller's contract; every row index stays below n.
-        unsafe {
-            let mut r = 0;
-            while r + R <= n {
-                let rows = std::array::from_fn(|i| w.add((r + i) * row_bytes));
-                let out = dots::<R, M>(rows, nb, ps);
-                for (y, o) in ys.iter().zip(&out) {
-                    std::ptr::copy_nonoverlapping(o.as_ptr(), y.add(r), R);
-                }
-                r += R;
-            }
-            for r in r..n {
-                let out = dots::<1, M>([w.add(r * row_bytes)], nb, ps);
-                for (y, o) in ys.iter().zip(&out) {
-                    *y.add(r) = o[0];
-                }
-            }
-        }
-    }
-
     /// The products of `R` rows (each `nb` blocks) with `M` inputs; rows are interleaved block
     /// by block, so that each row's chain of dependent operations overlaps the others', and each
     /// block is decoded once for all inputs.
@@ -249,7 +204,7 @@ mod vnni {
     /// Each row points at `nb` q4_K blocks, each input holds `nb` blocks; the CPU has the
     /// features of [`super::available`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
-    unsafe fn dots<const R: usize, const M: usize>(
+    pub(super) unsafe fn dots<const R: usize, const M: usize>(
         rows: [*const u8; R],
         nb: usize,
         ps: [&Prepared; M],
@@ -340,6 +295,18 @@ mod vnni {
                 macc[j] = _mm256_fmadd_ps(mv, _mm256_mul_ps(_mm256_set1_ps(dmin), xs), macc[j]);
             }
         }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Dots for Prepared {
+    unsafe fn dots<const R: usize, const M: usize>(
+        rows: [*const u8; R],
+        nb: usize,
+        ps: [&Self; M],
+    ) -> [[f32; R]; M] {
+        // SAFETY: the caller's contract, which includes the CPU's features.
+        unsafe { vnni::dots::<R, M>(rows, nb, ps) }
     }
 }
 

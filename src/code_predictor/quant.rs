@@ -43,6 +43,84 @@ pub(super) unsafe fn with_inputs<P: Fill, R>(
     })
 }
 
+/// A kernel's inner loop: the products of `R` rows with `M` inputs of its own kind.
+pub(super) trait Dots: Fill {
+    /// The products of the `R` rows at `rows` (`nb` blocks each) with the inputs `ps`.
+    ///
+    /// # Safety
+    /// Each row points at `nb` of the kernel's blocks, each input holds `nb` blocks, and the CPU
+    /// has the kernel's features.
+    unsafe fn dots<const R: usize, const M: usize>(
+        rows: [*const u8; R],
+        nb: usize,
+        ps: [&Self; M],
+    ) -> [[f32; R]; M];
+}
+
+/// Every product of `n` rows at `w` (`row_bytes` apart, `nb` blocks each) with `inputs`, output
+/// `j` of row `r` at `y[j · y_stride + r]`: two inputs at a time share each row's decoding, and a
+/// lone input takes four rows at a time.
+///
+/// # Safety
+/// As [`crate::ffi::MatKernel`], with `inputs` prepared from its `m` input rows, on a CPU with the
+/// kernel's features.
+pub(super) unsafe fn drive<P: Dots>(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    nb: usize,
+    inputs: &[P],
+    y: *mut f32,
+    y_stride: usize,
+) {
+    // SAFETY: the caller's contract; every row index stays below n and every input below m.
+    unsafe {
+        let mut j = 0;
+        while j < inputs.len() {
+            if j + 2 <= inputs.len() {
+                let ys = [y.add(j * y_stride), y.add((j + 1) * y_stride)];
+                rows::<P, 2, 2>(w, row_bytes, n, nb, [&inputs[j], &inputs[j + 1]], ys);
+                j += 2;
+            } else {
+                rows::<P, 4, 1>(w, row_bytes, n, nb, [&inputs[j]], [y.add(j * y_stride)]);
+                j += 1;
+            }
+        }
+    }
+}
+
+/// The products of all `n` rows with the inputs `ps`, `R` rows at a time, written at `ys`.
+///
+/// # Safety
+/// As [`drive`].
+unsafe fn rows<P: Dots, const R: usize, const M: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    nb: usize,
+    ps: [&P; M],
+    ys: [*mut f32; M],
+) {
+    // SAFETY: the caller's contract; every row index stays below n.
+    unsafe {
+        let mut r = 0;
+        while r + R <= n {
+            let rows = std::array::from_fn(|i| w.add((r + i) * row_bytes));
+            let out = P::dots::<R, M>(rows, nb, ps);
+            for (y, o) in ys.iter().zip(&out) {
+                std::ptr::copy_nonoverlapping(o.as_ptr(), y.add(r), R);
+            }
+            r += R;
+        }
+        for r in r..n {
+            let out = P::dots::<1, M>([w.add(r * row_bytes)], nb, ps);
+            for (y, o) in ys.iter().zip(&out) {
+                *y.add(r) = o[0];
+            }
+        }
+    }
+}
+
 /// Rows and inputs for the kernels' tests, and the two checks every kernel passes.
 #[cfg(test)]
 pub(super) mod testing {
