@@ -241,6 +241,14 @@ impl Context {
     }
 }
 
+/// Rows `r0..r1` of `n`, thread `ith` of a custom op's `nth`: contiguous shares in thread order,
+/// the last ones shorter or empty.
+fn thread_share(n: usize, ith: std::os::raw::c_int, nth: std::os::raw::c_int) -> (usize, usize) {
+    let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
+    let per = n.div_ceil(nth);
+    ((ith * per).min(n), ((ith + 1) * per).min(n))
+}
+
 /// A row kernel for [`Context::rows3`]: `(x, b, c, y)`, each one row of `ne0` values.
 pub type RowKernel3 = fn(&[f32], &[f32], &[f32], &mut [f32]);
 
@@ -263,9 +271,7 @@ unsafe extern "C" fn rows3_trampoline(
             std::mem::transmute::<*mut std::os::raw::c_void, RowKernel3>(userdata);
         let ne = (*a).ne;
         let (ne0, rows) = (ne[0] as usize, (ne[1] * ne[2] * ne[3]) as usize);
-        let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
-        let per = rows.div_ceil(nth);
-        let (r0, r1) = ((ith * per).min(rows), ((ith + 1) * per).min(rows));
+        let (r0, r1) = thread_share(rows, ith, nth);
         let x = (*a).data as *const f32;
         let y = (*dst).data as *mut f32;
         let bv = std::slice::from_raw_parts((*b).data as *const f32, ne0);
@@ -344,9 +350,7 @@ unsafe extern "C" fn conv_gemm_trampoline(
         let (w, x) = ((*dst).src[0], (*dst).src[1]);
         let c_in = (*x).ne[0] as usize;
         let (c_out, t_out) = ((*dst).ne[0] as usize, (*dst).ne[1] as usize);
-        let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
-        let per = t_out.div_ceil(nth);
-        let (r0, r1) = ((ith * per).min(t_out), ((ith + 1) * per).min(t_out));
+        let (r0, r1) = thread_share(t_out, ith, nth);
         if r0 == r1 {
             return;
         }
@@ -480,9 +484,7 @@ unsafe extern "C" fn map_mat_trampoline(
             (*x).ne[1] as usize,
         );
         let row_bytes = (*w).nb[1];
-        let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
-        let per = n.div_ceil(nth);
-        let (r0, r1) = ((ith * per).min(n), ((ith + 1) * per).min(n));
+        let (r0, r1) = thread_share(n, ith, nth);
         if r0 == r1 {
             return;
         }
