@@ -213,10 +213,7 @@ impl CodePredictor {
         let heads = load_heads(f, &g)?;
         f.release(HEAD);
         let vnni = q4k::available();
-        let mut steps = Vec::with_capacity(POSITIONS - 1);
-        for step in 0..POSITIONS - 1 {
-            steps.push(build_step(&weights, &g, step, true, vnni).map_err(ModelError::from)?);
-        }
+        let steps = build_steps(&weights, &g, vnni)?;
         let profile = std::env::var_os("QTTS_PROFILE")
             .is_some_and(|v| v == "1")
             .then(|| Profile {
@@ -237,9 +234,9 @@ impl CodePredictor {
     }
 
     /// Computes the q4_K and q8_0 layer products with [`q4k::mat_vnni`] and [`q8::mat_vnni`]
-    /// (`true`, the default where
-    /// [`q4k::available`]) or with ggml's `mul_mat` (`false`: the benches' baseline). Rebuilds
-    /// the frame's graphs; `true` without the CPU features is refused.
+    /// (`true`, the default where [`q4k::available`]) or with ggml's `mul_mat` (`false`: the
+    /// benches' baseline). Rebuilds the frame's graphs; `true` without the CPU features is
+    /// refused.
     pub fn set_vnni(&mut self, on: bool) -> Result<(), ModelError> {
         if on && !q4k::available() {
             return Err(ModelError::Unsupported {
@@ -249,14 +246,7 @@ impl CodePredictor {
             });
         }
         if on != self.vnni {
-            let mut steps = Vec::with_capacity(POSITIONS - 1);
-            for step in 0..POSITIONS - 1 {
-                steps.push(
-                    build_step(&self.weights, &self.geometry, step, true, on)
-                        .map_err(ModelError::from)?,
-                );
-            }
-            self.steps = steps;
+            self.steps = build_steps(&self.weights, &self.geometry, on)?;
             self.vnni = on;
         }
         Ok(())
@@ -663,6 +653,13 @@ fn build_step(
             Ok(outs.into_iter().map(|t| t.node()).collect())
         })
     }
+}
+
+/// The cached graphs of a frame's 15 steps (see [`build_step`]).
+fn build_steps(w: &Context, g: &Geometry, vnni: bool) -> Result<Vec<OwnedGraph>, ModelError> {
+    (0..POSITIONS - 1)
+        .map(|step| build_step(w, g, step, true, vnni).map_err(ModelError::from))
+        .collect()
 }
 
 /// `mul_mat(w, x)` of a layer: q4_K and q8_0 rows by [`q4k::mat_vnni`] and [`q8::mat_vnni`]
