@@ -421,13 +421,13 @@ impl Loader<'_> {
             });
             let part = format!("{name}.{part}");
             if host && self.host && ty != GgmlType::F32 {
+                // f16 widened to f32 for the host product.
                 let v = crate::ffi::dequantize(ty, &bytes, c_in * r * c_out)
                     .map_err(ModelError::from)?;
                 let f: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                 self.put(&part, GgmlType::F32, &[c_in, r * c_out], &f)?;
-            } else if host && self.host {
-                self.put(&part, ty, &[c_in, r * c_out], &bytes)?;
             } else {
+                // `put_matrix` keeps f32 as it is in host mode (`matrices` is `None` there).
                 self.put_matrix(&part, ty, [c_in, r * c_out], &bytes)?;
             }
         }
