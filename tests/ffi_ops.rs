@@ -1,7 +1,8 @@
 //! The decoder's ggml ops (`src/ffi/ops.rs`) compute what the math says and refuse what would make
 //! ggml abort.
 
-use qtts::ffi::{Context, GgmlError, Threadpool};
+use qtts::ffi::{amx, Context, GgmlError, Threadpool};
+use qtts::gguf::GgmlType;
 
 fn values(n: usize, seed: usize) -> Vec<f32> {
     (0..n)
@@ -139,6 +140,98 @@ fn inplace_ops_and_row_views_compute_in_place() {
         "the result lives in the first operand's memory"
     );
     assert_eq!(mid.to_vec(), av[3..9].to_vec());
+}
+
+/// `conv_gemm` of `x` (`rows` of `c_in`) by the kernel `w` (`[taps · c_in, n]`, f32), with the
+/// kernel packed to bf16 when `bf16`, on `threads` threads.
+fn conv_gemm(
+    w: &[f32],
+    x: &[f32],
+    (c_in, taps, dilation, n): (usize, usize, usize, usize),
+    bf16: bool,
+    threads: usize,
+) -> Vec<f32> {
+    let pool = Threadpool::new(threads, &[]).unwrap();
+    let ctx = Context::new(8 << 20).unwrap();
+    let k = taps * c_in;
+    let tw = if bf16 {
+        let p = amx::pack(w, k, n).unwrap();
+        let t = ctx.new_tensor(GgmlType::BF16, &[k, n]).unwrap();
+        let bytes: Vec<u8> = p.iter().flat_map(|v| v.to_le_bytes()).collect();
+        t.write_bytes(&bytes).unwrap();
+        t
+    } else {
+        let t = ctx.new_f32(&[k, n]).unwrap();
+        t.write_f32(w).unwrap();
+        t
+    };
+    let tx = ctx.new_f32(&[c_in, x.len() / c_in]).unwrap();
+    tx.write_f32(x).unwrap();
+    let y = ctx.conv_gemm(tw, tx, taps, dilation).unwrap();
+    ctx.graph(y).unwrap().compute(&pool).unwrap();
+    y.to_vec()
+}
+
+#[test]
+fn bf16_conv_on_amx_tiles_is_the_bf16_sum_in_any_chunking() {
+    if !amx::available() {
+        eprintln!("skipped: no AMX-BF16 here (the f32 products run instead)");
+        return;
+    }
+    for (c_in, taps, dilation, n, t_out) in [
+        (32, 1, 1, 32, 5),
+        (96, 7, 1, 96, 70),
+        (64, 7, 3, 64, 33),
+        (96, 7, 9, 32, 64),
+        (32, 3, 2, 128, 100),
+    ] {
+        let k = taps * c_in;
+        let w = values(k * n, 5);
+        let x = values((t_out + (taps - 1) * dilation) * c_in, 6);
+        let s = amx::Conv {
+            c_in,
+            taps,
+            dilation,
+            t_out,
+            n,
+        };
+        let want = amx::conv_reference(&w, &x, s);
+        let exact = conv_gemm(&w, &x, (c_in, taps, dilation, n), false, 1);
+        for threads in [1, 2] {
+            let got = conv_gemm(&w, &x, (c_in, taps, dilation, n), true, threads);
+            assert_eq!(got.len(), t_out * n);
+            // The reference sums the same bf16 products in f64, AMX in f32: k roundings of
+            // partial sums of terms bounded by 4 (|x|, |w| <= 2), far below the worst case.
+            let tol = k as f32 * 4.0 * 8.0 * f32::EPSILON;
+            let mut bf16_off = 0f32;
+            for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                assert!((g - r).abs() <= tol, "{s:?} output {i}: {g} vs {r}");
+                bf16_off = bf16_off.max((g - exact[i]).abs());
+            }
+            // bf16 rounding (2^-9 relative per factor) is felt against the f32 product, as a
+            // random walk over k terms bounded by 4.
+            let walk = (k as f32).sqrt() * 4.0 / 64.0;
+            assert!(bf16_off > 0.0 && bf16_off < walk, "{s:?}: {bf16_off}");
+            // The first rows alone give the same values, bit for bit.
+            let rows = t_out / 2 + 1;
+            let head = conv_gemm(
+                &w,
+                &x[..(rows + (taps - 1) * dilation) * c_in],
+                (c_in, taps, dilation, n),
+                true,
+                threads,
+            );
+            assert_eq!(head[..], got[..rows * n], "{s:?}: {rows} rows");
+        }
+    }
+    // A shape the tiles cannot take is an error, not an abort.
+    let ctx = Context::new(1 << 20).unwrap();
+    let tw = ctx.new_tensor(GgmlType::BF16, &[7 * 48, 32]).unwrap();
+    let tx = ctx.new_f32(&[48, 20]).unwrap();
+    assert!(matches!(
+        ctx.conv_gemm(tw, tx, 7, 1),
+        Err(GgmlError::Shape { .. })
+    ));
 }
 
 #[test]

@@ -17,6 +17,7 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::{Mutex, Once};
 
+pub mod amx;
 mod ops;
 pub use ops::{MatKernel, RowKernel3};
 

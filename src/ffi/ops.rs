@@ -4,7 +4,8 @@
 //! Each method checks what ggml would abort on before calling it, as the ops of the parent module
 //! do; the semantics are those of the vendored ggml (`ggml/src/ggml-cpu/ops.cpp`, `vec.h`).
 
-use super::{sys, Context, GgmlError, Tensor};
+use super::{amx, sys, Context, GgmlError, Tensor};
+use crate::gguf::GgmlType;
 
 impl Context {
     /// Refuses what ggml's CPU kernels of elementwise and row ops assert on at compute time: a
@@ -331,8 +332,9 @@ impl Context {
 /// `userdata` word, 16 bits each.
 const CONV_GEMM_MAX: usize = u16::MAX as usize;
 
-/// ggml's side of [`Context::conv_gemm`]: splits the output rows over the graph's threads, each
-/// thread one `sgemm` per tap (one in all when the taps are adjacent).
+/// ggml's side of [`Context::conv_gemm`]: an f32 kernel splits the output rows over the graph's
+/// threads, each thread one `sgemm` per tap (one in all when the taps are adjacent); a bf16 kernel
+/// splits the 32 × 32 output blocks of [`amx::conv`].
 unsafe extern "C" fn conv_gemm_trampoline(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,
@@ -341,8 +343,9 @@ unsafe extern "C" fn conv_gemm_trampoline(
 ) {
     let word = userdata as usize;
     let (taps, dilation) = (word >> 16, word & CONV_GEMM_MAX);
-    // SAFETY: `conv_gemm` built this node: its sources are the contiguous f32 kernel
-    // `[taps · c_in, c_out]` and input `[c_in, t_out + (taps − 1) · dilation]`, `dst` is a fresh
+    // SAFETY: `conv_gemm` built this node: its sources are the contiguous kernel
+    // `[taps · c_in, c_out]` (f32, or bf16 packed by `amx::pack` when AMX is available and the
+    // shape fits) and the f32 input `[c_in, t_out + (taps − 1) · dilation]`, `dst` is a fresh
     // contiguous f32 `[c_out, t_out]` (ggml never computes a custom op in place), all allocated
     // by the time ggml computes the node. Every read stays inside the input: row
     // `t + j · dilation` for `t < t_out` and `j < taps`, `c_in` values long.
@@ -350,6 +353,26 @@ unsafe extern "C" fn conv_gemm_trampoline(
         let (w, x) = ((*dst).src[0], (*dst).src[1]);
         let c_in = (*x).ne[0] as usize;
         let (c_out, t_out) = ((*dst).ne[0] as usize, (*dst).ne[1] as usize);
+        #[cfg(target_arch = "x86_64")]
+        if (*w).type_ == sys::GGML_TYPE_BF16 {
+            let s = amx::Conv {
+                c_in,
+                taps,
+                dilation,
+                t_out,
+                n: c_out,
+            };
+            let (b0, b1) = thread_share(amx::blocks(t_out, c_out), ith, nth);
+            amx::conv(
+                (*w).data as *const u16,
+                (*x).data as *const f32,
+                (*dst).data as *mut f32,
+                s,
+                b0,
+                b1,
+            );
+            return;
+        }
         let (r0, r1) = thread_share(t_out, ith, nth);
         if r0 == r1 {
             return;
@@ -393,6 +416,10 @@ impl Context {
     /// `mul_mat(w, x)`. Computed by `matrixmultiply`'s packed sgemm instead of ggml's `im2col`
     /// and `mul_mat`; each output value sums its products in the same order whatever the row
     /// count and thread count, so results do not depend on how a signal is chunked.
+    ///
+    /// A bf16 kernel (`[taps · c_in, c_out]` packed by [`amx::pack`], where [`amx::available`]
+    /// and [`amx::fits`]`(c_in, c_out)`) is computed on AMX tiles from a bf16 copy of the input:
+    /// not exact (bf16 keeps 8 significant bits), also independent of the chunking.
     pub fn conv_gemm<'a>(
         &'a self,
         w: Tensor<'a>,
@@ -400,7 +427,31 @@ impl Context {
         taps: usize,
         dilation: usize,
     ) -> Result<Tensor<'a>, GgmlError> {
-        Self::dense_f32("conv_gemm kernel", w)?;
+        let bf16 = w.is_type(GgmlType::BF16);
+        if bf16 {
+            // SAFETY: the tensor is live; the contiguity test reads only its shape and strides.
+            let dense = unsafe { sys::ggml_is_contiguous(w.ptr.as_ptr()) };
+            if !cfg!(target_arch = "x86_64")
+                || !amx::available()
+                || !dense
+                || !amx::fits(x.ne()[0], w.ne()[1])
+            {
+                return Err(GgmlError::Shape {
+                    what: "conv_gemm bf16 kernel",
+                    expected: "a contiguous kernel packed by amx::pack, c_in a multiple of 32, \
+                               c_out of 32, on a CPU with AMX-BF16 (else an f32 kernel)"
+                        .into(),
+                    found: format!(
+                        "kernel {:?}, contiguous {dense}, input {:?}, AMX {}",
+                        w.ne(),
+                        x.ne(),
+                        amx::available()
+                    ),
+                });
+            }
+        } else {
+            Self::dense_f32("conv_gemm kernel", w)?;
+        }
         Self::dense_f32("conv_gemm input", x)?;
         let (nw, nx) = (w.ne(), x.ne());
         let span = taps.saturating_sub(1) * dilation;
