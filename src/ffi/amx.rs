@@ -170,8 +170,8 @@ pub unsafe fn conv(w: *const u16, x: *const f32, y: *mut f32, s: Conv, b0: usize
         let mut xb = cell.borrow_mut();
         xb.clear();
         xb.resize((r1 - r0) * c_in, 0);
-        // SAFETY (whole block): the caller's contract; every tile read below stays inside `xb`
-        // (rows r0..r1) or `w`, every store inside `y`'s rows below `t_out` or `part`.
+        // SAFETY: the caller's contract; every tile read below stays inside `xb` (rows
+        // r0..r1) or `w`, every store inside `y`'s rows below `t_out` or `part`.
         unsafe {
             let src = std::slice::from_raw_parts(x.add(r0 * c_in), (rows_in.min(r1) - r0) * c_in);
             for (d, &v) in xb.iter_mut().zip(src) {
