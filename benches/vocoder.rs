@@ -14,7 +14,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use qtts::ffi::Threadpool;
 use qtts::gguf::GgufFile;
 use qtts::model::convert::OutType;
-use qtts::vocoder::Vocoder;
+use qtts::vocoder::{Products, Vocoder};
 
 fn bench(c: &mut Criterion) {
     let dir = common::models(&[OutType::F32, OutType::F16]);
@@ -28,15 +28,25 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     // ggml's products on the f32 file (the baseline), the host products (`conv_gemm`) on the f32
     // and f16 files, and ggml's q8_0 products.
-    for (label, ty, q8, host) in [
-        ("ggml f32", OutType::F32, false, false),
-        ("host f32", OutType::F32, false, true),
-        ("host f32 from f16 file", OutType::F16, false, true),
-        ("ggml q8_0", OutType::F32, true, false),
+    for (label, ty, q8, products) in [
+        ("ggml f32", OutType::F32, false, Products::Ggml),
+        ("host f32", OutType::F32, false, Products::HostF32),
+        (
+            "host f32 from f16 file",
+            OutType::F16,
+            false,
+            Products::HostF32,
+        ),
+        ("host bf16 (AMX)", OutType::F32, false, Products::HostBf16),
+        ("ggml q8_0", OutType::F32, true, Products::Ggml),
     ] {
+        if products == Products::HostBf16 && !qtts::ffi::amx::available() {
+            eprintln!("{label}: skipped, no AMX-BF16 here");
+            continue;
+        }
         let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
         let q8 = q8.then_some(qtts::gguf::GgmlType::Q8_0);
-        let mut voc = Vocoder::load_options(&f, q8, host).unwrap();
+        let mut voc = Vocoder::load_options(&f, q8, products).unwrap();
         for threads in [1, 2] {
             let pool = Threadpool::new(threads, &[]).unwrap();
             for chunk in [1usize, 2] {

@@ -180,6 +180,8 @@ fn bf16_conv_on_amx_tiles_is_the_bf16_sum_in_any_chunking() {
     }
     for (c_in, taps, dilation, n, t_out) in [
         (32, 1, 1, 32, 5),
+        (64, 1, 1, 96, 16),
+        (64, 3, 1, 64, 17),
         (96, 7, 1, 96, 70),
         (64, 7, 3, 64, 33),
         (96, 7, 9, 32, 64),

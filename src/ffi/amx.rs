@@ -5,7 +5,8 @@
 //! `C` the product of `A` (16 rows × 32 bf16) and `B` (32 × 16 bf16, stored as 16 rows of bf16
 //! pairs: row `p` holds `B[2p][n], B[2p + 1][n]` for `n = 0..16`). The kernel keeps a 32 × 32
 //! block of the output in four `C` tiles and walks the reduction 32 values at a time: two input
-//! tiles (rows `t..t + 16`, `t + 16..t + 32`), two kernel tiles, four products.
+//! tiles (rows `t..t + 16`, `t + 16..t + 32`), two kernel tiles, four products. A product of at
+//! most 16 rows uses 16 × 32 blocks: one input tile, two products per step.
 //!
 //! The input tiles are read straight from the bf16 copy of the conv's input rows, at row stride
 //! `c_in`: the row of tap `j` for output `t` is input row `t + j · dilation`, so the taps need no
@@ -102,9 +103,20 @@ pub fn pack(w: &[f32], k: usize, n: usize) -> Option<Vec<u16>> {
     Some(out)
 }
 
+/// Output rows per block: 32 (two row tiles), or 16 for products of at most 16 rows (the
+/// decoder's transformer and upsamplers see 1-16 rows per call), which would waste half their
+/// tile products on zero rows.
+fn block_rows(t_out: usize) -> usize {
+    if t_out <= TILE_M {
+        TILE_M
+    } else {
+        BLOCK
+    }
+}
+
 /// Output blocks of a product of `t_out` rows and `n` columns: the unit [`conv`] shares out.
 pub fn blocks(t_out: usize, n: usize) -> usize {
-    t_out.div_ceil(BLOCK) * (n / BLOCK)
+    t_out.div_ceil(block_rows(t_out)) * (n / BLOCK)
 }
 
 /// Shape of one [`conv`] call.
@@ -149,7 +161,9 @@ pub unsafe fn conv(w: *const u16, x: *const f32, y: *mut f32, s: Conv, b0: usize
         n,
     } = s;
     let span = (taps - 1) * dilation;
-    let row_blocks = t_out.div_ceil(BLOCK);
+    let mrows = block_rows(t_out);
+    let pair = mrows == BLOCK;
+    let row_blocks = t_out.div_ceil(mrows);
     // Input rows this thread's blocks read, the rows past the input zero (they feed only the
     // output rows past `t_out`, which are not stored).
     let (m0, m1) = if b1 - b0 >= row_blocks {
@@ -162,7 +176,7 @@ pub unsafe fn conv(w: *const u16, x: *const f32, y: *mut f32, s: Conv, b0: usize
             (0, row_blocks)
         }
     };
-    let (r0, r1) = (m0 * BLOCK, m1 * BLOCK + span);
+    let (r0, r1) = (m0 * mrows, m1 * mrows + span);
     let rows_in = t_out + span;
     let ksteps = taps * c_in / TILE_K;
     let tile_bytes = TILE_K * TILE_N * 2;
@@ -199,13 +213,29 @@ pub unsafe fn conv(w: *const u16, x: *const f32, y: *mut f32, s: Conv, b0: usize
                 let w0 = w.add(2 * nb * ksteps * tile_bytes / 2);
                 let w1 = w0.add(ksteps * tile_bytes / 2);
                 for j in 0..taps {
-                    let a = xb.as_ptr().add((mb * BLOCK + j * dilation - r0) * c_in);
+                    let a = xb.as_ptr().add((mb * mrows + j * dilation - r0) * c_in);
                     for cb in 0..c_in / TILE_K {
                         let step = j * (c_in / TILE_K) + cb;
                         let a0 = a.add(cb * TILE_K);
                         let a1 = a0.add(TILE_M * c_in);
                         let bw0 = w0.add(step * tile_bytes / 2);
                         let bw1 = w1.add(step * tile_bytes / 2);
+                        if !pair {
+                            asm!(
+                                "tileloadd tmm4, [{a0} + {sa}*1]",
+                                "tileloadd tmm6, [{b0} + {sb}*1]",
+                                "tileloadd tmm7, [{b1} + {sb}*1]",
+                                "tdpbf16ps tmm0, tmm4, tmm6",
+                                "tdpbf16ps tmm1, tmm4, tmm7",
+                                a0 = in(reg) a0,
+                                b0 = in(reg) bw0,
+                                b1 = in(reg) bw1,
+                                sa = in(reg) a_stride,
+                                sb = in(reg) 64usize,
+                                options(nostack, readonly)
+                            );
+                            continue;
+                        }
                         asm!(
                             "tileloadd tmm4, [{a0} + {sa}*1]",
                             "tileloadd tmm5, [{a1} + {sa}*1]",
@@ -225,26 +255,32 @@ pub unsafe fn conv(w: *const u16, x: *const f32, y: *mut f32, s: Conv, b0: usize
                         );
                     }
                 }
-                let (t0, o0) = (mb * BLOCK, nb * BLOCK);
-                let full = t0 + BLOCK <= t_out;
+                let (t0, o0) = (mb * mrows, nb * BLOCK);
+                let full = t0 + mrows <= t_out;
                 let (dst, stride) = if full {
                     (y.add(t0 * n + o0), n * 4)
                 } else {
                     (part.as_mut_ptr(), BLOCK * 4)
                 };
-                let down = TILE_M * stride / 4;
                 asm!(
                     "tilestored [{c0} + {s}*1], tmm0",
                     "tilestored [{c1} + {s}*1], tmm1",
-                    "tilestored [{c2} + {s}*1], tmm2",
-                    "tilestored [{c3} + {s}*1], tmm3",
                     c0 = in(reg) dst,
                     c1 = in(reg) dst.add(TILE_N),
-                    c2 = in(reg) dst.add(down),
-                    c3 = in(reg) dst.add(down + TILE_N),
                     s = in(reg) stride,
                     options(nostack)
                 );
+                if pair {
+                    let down = TILE_M * stride / 4;
+                    asm!(
+                        "tilestored [{c2} + {s}*1], tmm2",
+                        "tilestored [{c3} + {s}*1], tmm3",
+                        c2 = in(reg) dst.add(down),
+                        c3 = in(reg) dst.add(down + TILE_N),
+                        s = in(reg) stride,
+                        options(nostack)
+                    );
+                }
                 if !full {
                     for r in 0..t_out - t0 {
                         std::ptr::copy_nonoverlapping(

@@ -50,6 +50,20 @@ const K7: usize = 7;
 /// ggml's unpacked products stay.
 pub const HOST_MIN_ROWS: usize = 32;
 
+/// How the decoder computes the products of its residual units, post-conv and upsampling convs
+/// that see at least [`HOST_MIN_ROWS`] rows per frame (see [`Vocoder::load_options`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Products {
+    /// ggml's `im2col` and `mul_mat` in the file's type: the benches' baseline.
+    Ggml,
+    /// [`Context::conv_gemm`] on f32 matrices (f16 files widened): exact, the default.
+    HostF32,
+    /// [`Context::conv_gemm`] on bf16 matrices, on AMX tiles, where the shapes allow
+    /// ([`crate::ffi::amx::fits`]), f32 elsewhere: not exact (bf16 keeps 8 significant bits, see
+    /// PERFORMANCE.md), half the memory. Only where [`crate::ffi::amx::available`].
+    HostBf16,
+}
+
 /// Stages a capture records (see [`Vocoder::set_capture`]), each `[channels, rows]` with the
 /// channel index fastest (time-major), so chunks concatenate.
 pub const STAGES: &[&str] = &[
@@ -269,6 +283,8 @@ struct Loader<'f> {
     /// Store the matrices of the host products (see [`Loader::conv`] and [`Loader::transposed`])
     /// as f32, convs in tap-major order.
     host: bool,
+    /// With `host`: store them as bf16 tiles ([`crate::ffi::amx::pack`]) where they fit.
+    bf16: bool,
     /// The tensor the previous [`Loader::source`] call read: each loading function reads one, so
     /// its pages are released (see [`GgufFile::release`]) when the next is read, and the file is
     /// never resident as a whole.
@@ -305,6 +321,26 @@ impl Loader<'_> {
         Ok(())
     }
 
+    /// A host product's f32 matrix `v` (`[k, n]`): as bf16 tiles when [`Loader::bf16`] and the
+    /// tiles fit its `k / taps` input channels, else as f32.
+    fn put_host(
+        &self,
+        name: &str,
+        v: &[f32],
+        k: usize,
+        n: usize,
+        taps: usize,
+    ) -> Result<(), ModelError> {
+        if self.bf16 && crate::ffi::amx::fits(k / taps, n) {
+            if let Some(p) = crate::ffi::amx::pack(v, k, n) {
+                let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
+                return self.put(name, GgmlType::BF16, &[k, n], &bytes);
+            }
+        }
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.put(name, GgmlType::F32, &[k, n], &bytes)
+    }
+
     /// A matrix `[cols, rows]`, converted to the requested matrix type when its rows are whole
     /// blocks of it and it is stored as f32 or f16; else as it is.
     fn put_matrix(
@@ -314,6 +350,10 @@ impl Loader<'_> {
         ne: [usize; 2],
         data: &[u8],
     ) -> Result<(), ModelError> {
+        if self.bf16 && matches!(ty, GgmlType::F32 | GgmlType::F16) {
+            let v = crate::ffi::dequantize(ty, data, ne[0] * ne[1]).map_err(ModelError::from)?;
+            return self.put_host(name, &v, ne[0], ne[1], 1);
+        }
         match self.matrices {
             Some(to)
                 if to != ty
@@ -358,17 +398,17 @@ impl Loader<'_> {
         if found != [k, c_in, c_out] || !matches!(ty, GgmlType::F32 | GgmlType::F16) {
             return Err(self.shape_err(name, &[k, c_in, c_out], &found));
         }
-        if host && self.host {
+        if (host || self.bf16) && self.host {
             let v = crate::ffi::dequantize(ty, data, k * c_in * c_out).map_err(ModelError::from)?;
             // Element (c, j, o) of the output sits at c + c_in·(j + k·o); source at j + k·(c + c_in·o).
-            let bytes: Vec<u8> = (0..k * c_in * c_out)
-                .flat_map(|i| {
+            let t: Vec<f32> = (0..k * c_in * c_out)
+                .map(|i| {
                     let (c, rest) = (i % c_in, i / c_in);
                     let (j, o) = (rest % k, rest / k);
-                    v[j + k * (c + c_in * o)].to_le_bytes()
+                    v[j + k * (c + c_in * o)]
                 })
                 .collect();
-            return self.put(name, GgmlType::F32, &[k * c_in, c_out], &bytes);
+            return self.put_host(name, &t, k * c_in, c_out, k);
         }
         // im2col reads only the kernel's shape: a small f32 stand-in `[k, c_in]` carries it,
         // whatever the kernel matrix's type.
@@ -420,12 +460,11 @@ impl Loader<'_> {
                 (j0 + j) + k * (o + c_out * c)
             });
             let part = format!("{name}.{part}");
-            if host && self.host && ty != GgmlType::F32 {
-                // f16 widened to f32 for the host product.
+            if (host || self.bf16) && self.host && (ty != GgmlType::F32 || self.bf16) {
+                // f16 widened to f32, or f32 packed to bf16, for the host product.
                 let v = crate::ffi::dequantize(ty, &bytes, c_in * r * c_out)
                     .map_err(ModelError::from)?;
-                let f: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                self.put(&part, GgmlType::F32, &[c_in, r * c_out], &f)?;
+                self.put_host(&part, &v, c_in, r * c_out, 1)?;
             } else {
                 // `put_matrix` keeps f32 as it is in host mode (`matrices` is `None` there).
                 self.put_matrix(&part, ty, [c_in, r * c_out], &bytes)?;
@@ -447,22 +486,36 @@ impl Vocoder {
     /// see PERFORMANCE.md) where their rows are whole blocks and the file has them as f32 or f16.
     /// Norms, biases, SnakeBeta, codebooks and depthwise taps stay f32.
     pub fn load_with(f: &GgufFile, matrices: Option<GgmlType>) -> Result<Self, ModelError> {
-        Self::load_options(f, matrices, matrices.is_none())
+        let products = match matrices {
+            None => Products::HostF32,
+            Some(_) => Products::Ggml,
+        };
+        Self::load_options(f, matrices, products)
     }
 
-    /// As [`Vocoder::load_with`], choosing whether the products of the residual units, the
+    /// As [`Vocoder::load_with`], choosing how the products of the residual units, the
     /// post-conv and the upsampling convs that see at least [`HOST_MIN_ROWS`] rows per frame are
-    /// computed by [`Context::conv_gemm`] on f32 matrices (`host`, the default when `matrices` is
-    /// `None`: 2-3x faster than ggml's f32 products here, see PERFORMANCE.md) or by ggml's
-    /// `im2col` and `mul_mat` in the file's type (the benches' baseline). `host` is ignored where
+    /// computed ([`Products`]; [`Products::HostF32`] is the default when `matrices` is `None`: 2-3x
+    /// faster than ggml's f32 products here, see PERFORMANCE.md). `products` is ignored where
     /// `matrices` converts a matrix.
+    ///
+    /// [`Products::HostBf16`] on a CPU or OS without AMX-BF16 is [`ModelError::Unsupported`].
     pub fn load_options(
         f: &GgufFile,
         matrices: Option<GgmlType>,
-        host: bool,
+        products: Products,
     ) -> Result<Self, ModelError> {
         crate::model::validate::check_mmproj(f.path(), &f.header)?;
-        let host = host && matrices.is_none();
+        if products == Products::HostBf16 && !crate::ffi::amx::available() {
+            return Err(ModelError::Unsupported {
+                what: "bf16 decoder products".into(),
+                expected: "a CPU with AMX-BF16 (Intel Sapphire Rapids or later) and Linux 5.16 \
+                           or later; elsewhere use the f32 products (the default)"
+                    .into(),
+                found: "no AMX-BF16 tiles available to this process".into(),
+            });
+        }
+        let host = products != Products::Ggml && matrices.is_none();
         let g = Geometry::read(f)?;
         let wav: Vec<_> = f
             .header
@@ -491,6 +544,7 @@ impl Vocoder {
             w,
             matrices,
             host,
+            bf16: host && products == Products::HostBf16,
             last: Default::default(),
         };
         let p = "a.gen.wav";
@@ -949,11 +1003,23 @@ impl<'a> Builder<'a> {
         c.rows3(x, alpha, inv_beta, snake::row)
     }
 
-    /// `mul_mat(w, x)`: by [`Context::conv_gemm`] for f32 weights in host mode when `x` has at
-    /// least [`HOST_MIN_ROWS`] rows (fewer rows would spend more on packing `w` than on the
-    /// product), else by ggml.
+    /// `mul_mat(w, x)`: by [`Context::conv_gemm`] for bf16 weights (packed at load), and for f32
+    /// weights in host mode when `x` has at least [`HOST_MIN_ROWS`] rows (fewer rows would spend
+    /// more on packing `w` than on the product), else by ggml.
     fn matmul(&self, w: Tensor<'a>, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
-        if self.host && w.is_type(GgmlType::F32) && x.ne()[1] >= HOST_MIN_ROWS {
+        if w.is_type(GgmlType::BF16)
+            || (self.host && w.is_type(GgmlType::F32) && x.ne()[1] >= HOST_MIN_ROWS)
+        {
+            self.c.conv_gemm(w, x, 1, 1)
+        } else {
+            self.c.mul_mat(w, x)
+        }
+    }
+
+    /// `mul_mat(w, x)` for a weight matrix `w`: by [`Context::conv_gemm`] when `w` is bf16 (packed
+    /// at load, which ggml cannot read), else by ggml.
+    fn product(&self, w: Tensor<'a>, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        if w.is_type(GgmlType::BF16) {
             self.c.conv_gemm(w, x, 1, 1)
         } else {
             self.c.mul_mat(w, x)
@@ -964,7 +1030,7 @@ impl<'a> Builder<'a> {
     fn linear(&self, x: Tensor<'a>, name: &str) -> Result<Tensor<'a>, GgmlError> {
         let c = self.c;
         c.add_inplace(
-            c.mul_mat(self.wt(&format!("{name}.weight"))?, x)?,
+            self.product(self.wt(&format!("{name}.weight"))?, x)?,
             self.wt(&format!("{name}.bias"))?,
         )
     }
@@ -1016,8 +1082,8 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
     let er = c.sum_rows(c.cont(c.permute(er, [1, 0, 2, 3])?)?)?;
     let er = c.reshape(er, [g.half, n, 1])?;
     let z = c.add(
-        c.mul_mat(b.wt(&format!("{p}.quant.first.out_proj.weight"))?, e0)?,
-        c.mul_mat(b.wt(&format!("{p}.quant.rest.out_proj.weight"))?, er)?,
+        b.product(b.wt(&format!("{p}.quant.first.out_proj.weight"))?, e0)?,
+        b.product(b.wt(&format!("{p}.quant.rest.out_proj.weight"))?, er)?,
     )?;
     z.set_name("stage.quantized");
     let x = b.conv(z, &format!("{p}.pre_conv"), Some("hist.pre_conv"), 3, 1)?;
@@ -1033,11 +1099,11 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
     for l in 0..g.n_layer {
         let lw = |name: &str| b.wt(&format!("{t}.blk.{l}.{name}"));
         let h = c.mul(c.rms_norm(x, g.eps)?, lw("ln1.weight")?)?;
-        let q = c.reshape(c.mul_mat(lw("attn_q.weight")?, h)?, [hd, nh, n])?;
+        let q = c.reshape(b.product(lw("attn_q.weight")?, h)?, [hd, nh, n])?;
         let q = c.rope_neox(q, pos, hd, g.theta)?;
-        let k = c.reshape(c.mul_mat(lw("attn_k.weight")?, h)?, [hd, nkv, n])?;
+        let k = c.reshape(b.product(lw("attn_k.weight")?, h)?, [hd, nkv, n])?;
         let k = c.rope_neox(k, pos, hd, g.theta)?;
-        let v = c.reshape(c.mul_mat(lw("attn_v.weight")?, h)?, [hd, nkv, n])?;
+        let v = c.reshape(b.product(lw("attn_v.weight")?, h)?, [hd, nkv, n])?;
         let (ck, cv) = (
             b.st(&format!("cache.k.{l}"))?,
             b.st(&format!("cache.v.{l}"))?,
@@ -1054,12 +1120,12 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
         let kq = c.soft_max(kq, Some(mask), 1.0 / (hd as f32).sqrt())?;
         let kqv = c.mul_mat(vals, kq)?;
         let o = c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, n, 1])?;
-        let o = c.mul(c.mul_mat(lw("attn_out.weight")?, o)?, lw("ls1.weight")?)?;
+        let o = c.mul(b.product(lw("attn_out.weight")?, o)?, lw("ls1.weight")?)?;
         x = c.add(x, o)?;
         let h = c.mul(c.rms_norm(x, g.eps)?, lw("ln2.weight")?)?;
-        let gate = c.silu(c.mul_mat(lw("ffn_gate.weight")?, h)?)?;
-        let up = c.mul_mat(lw("ffn_up.weight")?, h)?;
-        let ff = c.mul_mat(lw("ffn_down.weight")?, c.mul(gate, up)?)?;
+        let gate = c.silu(b.product(lw("ffn_gate.weight")?, h)?)?;
+        let up = b.product(lw("ffn_up.weight")?, h)?;
+        let ff = b.product(lw("ffn_down.weight")?, c.mul(gate, up)?)?;
         x = c.add(x, c.mul(ff, lw("ls2.weight")?)?)?;
         b.writes.push(wk);
         b.writes.push(wv);
@@ -1075,7 +1141,7 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
     let mut rows = n;
     for (u, &r) in g.upsampling_ratios.iter().enumerate() {
         let ub = format!("{p}.up.blk.{u}");
-        let y = c.mul_mat(b.wt(&format!("{ub}.conv.weight.cur"))?, x)?;
+        let y = b.product(b.wt(&format!("{ub}.conv.weight.cur"))?, x)?;
         rows *= r;
         let y = c.add(
             c.reshape(y, [g.latent, rows, 1])?,
