@@ -5,10 +5,12 @@
 //! Runs interleave (pipelined, serial) `QTTS_BENCH_RUNS` times (3) after one warm-up each; the
 //! medians and their ratio are printed, then the pipelined run's per-stage percentile table.
 //! Weights: `QTTS_BENCH_TYPE` (q4_k, q8_0, f16, f32; default q4_k), from `QTTS_BENCH_MODELS` or
-//! made once under the target directory. `QTTS_BENCH_DECODER_Q8=1` loads the decoder's matrices as
-//! q8_0; `QTTS_BENCH_PLAN=shared` gives the decoder 2 threads over both cores (the talker and the
-//! code predictor keep core 0) instead of the default plan; `QTTS_BENCH_BURST=0` turns off the
-//! all-core first frame.
+//! made once under the target directory. `QTTS_BENCH_DECODER` (f32, bf16, q8_0; default: the
+//! engine's, bf16 where the CPU has AMX) picks the decoder's matrices. `QTTS_BENCH_PLAN` changes
+//! the default plan: `shared` gives the decoder 2 threads over both cores (the talker and the code
+//! predictor keep core 0), `cp-shared` gives them to the code predictor (the decoder keeps core 1,
+//! time-shared), `talker-cp-shared` to both the talker and the code predictor.
+//! `QTTS_BENCH_BURST=0` turns off the all-core first frame.
 //!
 //! Run: `cargo bench --bench pipeline`
 
@@ -20,7 +22,7 @@ use std::time::Duration;
 use qtts::audio::MemorySink;
 use qtts::bench::{median, model_files};
 use qtts::engine::serial::Serial;
-use qtts::engine::{Engine, EngineConfig, Request, Summary, ThreadPlan};
+use qtts::engine::{DecoderWeights, Engine, EngineConfig, Request, Summary, ThreadPlan};
 use qtts::model::convert::OutType;
 
 fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
@@ -43,20 +45,32 @@ fn main() {
     let files = model_files(&dir, ty);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut config = EngineConfig {
-        decoder_q8: env("QTTS_BENCH_DECODER_Q8", 0u8) == 1,
+        decoder: match std::env::var("QTTS_BENCH_DECODER").as_deref() {
+            Ok("f32") => DecoderWeights::F32,
+            Ok("bf16") => DecoderWeights::Bf16,
+            Ok("q8_0") => DecoderWeights::Q8_0,
+            _ => DecoderWeights::fastest(),
+        },
         burst: env("QTTS_BENCH_BURST", 1u8) == 1,
         ..EngineConfig::default()
     };
-    if std::env::var("QTTS_BENCH_PLAN").as_deref() == Ok("shared") && cores >= 2 {
-        config.plan.decoder = qtts::engine::StagePlan {
-            cores: (0..cores).collect(),
-            threads: cores,
-        };
+    let all = qtts::engine::StagePlan {
+        cores: (0..cores).collect(),
+        threads: cores,
+    };
+    match std::env::var("QTTS_BENCH_PLAN").as_deref() {
+        Ok("shared") if cores >= 2 => config.plan.decoder = all,
+        Ok("cp-shared") if cores >= 2 => config.plan.cp = all,
+        Ok("talker-cp-shared") if cores >= 2 => {
+            config.plan.talker = all.clone();
+            config.plan.cp = all;
+        }
+        _ => {}
     }
     println!(
-        "pipeline bench: 0.6B CustomVoice random weights, {}, decoder q8_0 {}, burst {}, {frames} frames, {cores} cores, plan {:?}",
+        "pipeline bench: 0.6B CustomVoice random weights, {}, decoder {}, burst {}, {frames} frames, {cores} cores, plan {:?}",
         ty.name(),
-        config.decoder_q8,
+        config.decoder.name(),
         config.burst,
         config.plan
     );

@@ -1,7 +1,7 @@
 //! What quantization costs, teacher-forced against f32 on the same inputs (full-size random-weight
 //! 0.6B CustomVoice): the talker's codec logits and the code predictor's logits, cosine similarity
 //! (mean and worst row) and top-1 agreement, at q8_0 and q4_k; and the decoder's waveform SNR with
-//! its matrices as q8_0 (`EngineConfig::decoder_q8`).
+//! its matrices as bf16 (where the CPU has AMX) and q8_0 (`EngineConfig::decoder`).
 //!
 //! The f32 run generates `QTTS_BENCH_FRAMES` frames (16) greedily; its prompt rows, step inputs,
 //! talker hidden states and codes are then fed to the quantized models.
@@ -12,12 +12,12 @@
 mod common;
 
 use qtts::code_predictor::CodePredictor;
+use qtts::engine::DecoderWeights;
 use qtts::ffi::{EmbdBatch, LlamaContext, Threadpool};
-use qtts::gguf::{GgmlType, GgufFile};
+use qtts::gguf::GgufFile;
 use qtts::model::convert::OutType;
 use qtts::sampling::{argmax, SamplingParams};
 use qtts::talker::{GenOptions, Next, Session, Talker, TextInput, TextMode, Voice};
-use qtts::vocoder::Vocoder;
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
@@ -161,20 +161,28 @@ fn main() {
         );
     }
 
-    // The decoder with q8_0 matrices against f32, on the reference codes, before the clamp (the
-    // random decoder saturates).
+    // The decoder with bf16 and q8_0 matrices against f32, on the reference codes, before the
+    // clamp (the random decoder saturates).
     let f = GgufFile::open(path("mmproj", OutType::F32)).unwrap();
-    let decode = |q8: bool| {
-        let mut voc = Vocoder::load_with(&f, q8.then_some(GgmlType::Q8_0)).unwrap();
+    let decode = |w: DecoderWeights| {
+        let mut voc = w.load(&f, false).unwrap();
         voc.set_capture(true);
         let mut out = vec![0f32; codes.len() * 1920];
         voc.decode_frames(&pool, &codes, &mut out).unwrap();
         voc.take_capture().remove("decoder.6").unwrap_or_default()
     };
-    let (a, b) = (decode(false), decode(true));
-    println!(
-        "decoder, q8_0 matrices: SNR {:.1} dB against f32 (before the clamp, {} samples)",
-        qtts::metrics::snr_db(&a, &b),
-        a.len()
-    );
+    let exact = decode(DecoderWeights::F32);
+    for w in [DecoderWeights::Bf16, DecoderWeights::Q8_0] {
+        if w == DecoderWeights::Bf16 && !qtts::ffi::amx::available() {
+            println!("decoder, bf16 matrices: skipped, no AMX-BF16 here");
+            continue;
+        }
+        let b = decode(w);
+        println!(
+            "decoder, {} matrices: SNR {:.1} dB against f32 (before the clamp, {} samples)",
+            w.name(),
+            qtts::metrics::snr_db(&exact, &b),
+            exact.len()
+        );
+    }
 }

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::Context as _;
 use qtts::bench::{self, Medians, ReferenceReport, Row, RunReport};
-use qtts::engine::EngineConfig;
+use qtts::engine::{DecoderWeights, EngineConfig};
 use qtts::model::config::Preset;
 use qtts::model::convert::OutType;
 
@@ -33,9 +33,10 @@ pub struct BenchArgs {
         default_value = "q4_k,q8_0,f16"
     )]
     pub types: Vec<OutType>,
-    /// Decoder matrices: f32 (exact, and the fastest since the host products) or q8_0.
-    #[arg(long, value_enum, default_value = "f32")]
-    pub decoder: DecoderWeights,
+    /// Decoder matrices, comma-separated: auto (bf16 where the CPU has AMX, else f32), f32
+    /// (exact), bf16, q8_0; each is measured with each type, interleaved in every round.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
+    pub decoder: Vec<DecoderArg>,
     /// Frames per measured request (80 ms each): 750 is the issue's 60 s utterance.
     #[arg(long, default_value_t = 750)]
     pub frames: usize,
@@ -63,14 +64,30 @@ pub struct BenchArgs {
     pub json: Option<PathBuf>,
 }
 
-/// The decoder's matrices.
+/// The decoder's matrices on the command line (the engine's `DecoderWeights`, or auto).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DecoderWeights {
-    /// 32-bit floats, products on the host (`conv_gemm`): exact, 1.4x faster than q8_0 here.
+pub enum DecoderArg {
+    /// bf16 where the CPU has AMX, else f32.
+    Auto,
+    /// 32-bit floats, products on the host: exact.
     F32,
-    /// q8_0 blocks through ggml: SNR ≈ 19 dB on random weights (PERFORMANCE.md).
+    /// bf16 on AMX tiles: 2-3x faster than f32, about 32 dB from it on random weights.
+    Bf16,
+    /// q8_0 blocks through ggml: about 19 dB from f32 on random weights (PERFORMANCE.md).
     #[value(name = "q8_0")]
     Q8_0,
+}
+
+impl DecoderArg {
+    /// What the engine takes.
+    pub fn weights(self) -> DecoderWeights {
+        match self {
+            DecoderArg::Auto => DecoderWeights::fastest(),
+            DecoderArg::F32 => DecoderWeights::F32,
+            DecoderArg::Bf16 => DecoderWeights::Bf16,
+            DecoderArg::Q8_0 => DecoderWeights::Q8_0,
+        }
+    }
 }
 
 /// Options of the hidden `qtts bench-run`: one measured run, its report as one JSON line.
@@ -84,8 +101,8 @@ pub struct RunArgs {
     frames: usize,
     #[arg(long)]
     prebuffer_ms: f64,
-    #[arg(long)]
-    decoder_q8: bool,
+    #[arg(long, value_enum)]
+    decoder: DecoderArg,
     #[arg(long)]
     decoder_chunk: Option<usize>,
 }
@@ -98,7 +115,7 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
     };
     let default = EngineConfig::default();
     let config = EngineConfig {
-        decoder_q8: a.decoder_q8,
+        decoder: a.decoder.weights(),
         decoder_chunk: a.decoder_chunk.unwrap_or(default.decoder_chunk),
         ..default
     };
@@ -107,7 +124,12 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn child(exe: &Path, files: &qtts::engine::ModelFiles, a: &BenchArgs) -> anyhow::Result<RunReport> {
+fn child(
+    exe: &Path,
+    files: &qtts::engine::ModelFiles,
+    decoder: DecoderWeights,
+    a: &BenchArgs,
+) -> anyhow::Result<RunReport> {
     let mut cmd = Command::new(exe);
     cmd.arg("bench-run")
         .arg("--talker")
@@ -118,9 +140,8 @@ fn child(exe: &Path, files: &qtts::engine::ModelFiles, a: &BenchArgs) -> anyhow:
         .arg(a.frames.to_string())
         .arg("--prebuffer-ms")
         .arg(a.prebuffer_ms.to_string());
-    if a.decoder == DecoderWeights::Q8_0 {
-        cmd.arg("--decoder-q8");
-    }
+    // The parent resolves `auto`, so that the table names what ran.
+    cmd.arg("--decoder").arg(decoder.name());
     if let Some(n) = a.decoder_chunk {
         cmd.arg("--decoder-chunk").arg(n.to_string());
     }
@@ -237,28 +258,39 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let decoder = match a.decoder {
-        DecoderWeights::F32 => "f32",
-        DecoderWeights::Q8_0 => "q8_0",
-    };
+    // Every (type, decoder) pair, types outermost; `auto` resolved once, duplicates dropped.
+    let mut decoders: Vec<DecoderWeights> = Vec::new();
+    for d in &a.decoder {
+        if !decoders.contains(&d.weights()) {
+            decoders.push(d.weights());
+        }
+    }
+    let configs: Vec<(OutType, DecoderWeights)> = a
+        .types
+        .iter()
+        .flat_map(|&ty| decoders.iter().map(move |&d| (ty, d)))
+        .collect();
+    let names: Vec<&str> = decoders.iter().map(|d| d.name()).collect();
     eprintln!(
         "bench: {preset_name} random weights in {}, {} frames ({:.1} s of audio) per run, {} rounds, \
-         prebuffer {} ms, decoder {decoder}, {cores} cores{}",
+         prebuffer {} ms, decoder {}, {cores} cores{}",
         dir.display(),
         a.frames,
         a.frames as f64 * 0.08,
         a.runs,
         a.prebuffer_ms,
+        names.join(", "),
         if python.is_some() { ", with the reference" } else { "" }
     );
-    let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); a.types.len()];
+    let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); configs.len()];
     let mut refs = Vec::new();
     for round in 0..a.runs {
-        for (i, &ty) in a.types.iter().enumerate() {
-            let r = child(&exe, &bench::model_files(&dir, ty), a)?;
+        for (i, &(ty, dec)) in configs.iter().enumerate() {
+            let r = child(&exe, &bench::model_files(&dir, ty), dec, a)?;
             eprintln!(
-                "round {round} {:<5}: RTF {:.3}  TTFA {:.0} ms  underruns {}/{}  peak {:.0} MiB",
+                "round {round} {:<5} dec {:<4}: RTF {:.3}  TTFA {:.0} ms  underruns {}/{}  peak {:.0} MiB",
                 ty.name(),
+                dec.name(),
                 r.rtf,
                 r.ttfa_ms,
                 r.underruns,
@@ -274,12 +306,11 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             refs.push(r);
         }
     }
-    let rows: Vec<Row> = a
-        .types
+    let rows: Vec<Row> = configs
         .iter()
         .zip(&reports)
-        .map(|(ty, runs)| Row {
-            label: format!("{} (dec {decoder})", ty.name()),
+        .map(|((ty, dec), runs)| Row {
+            label: format!("{} (dec {})", ty.name(), dec.name()),
             medians: Medians::of(runs),
         })
         .collect();
@@ -289,11 +320,12 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     );
     print!("{}", bench::table(&rows, &refs));
     if let Some(path) = &a.json {
-        let all: Vec<serde_json::Value> = a
-            .types
+        let all: Vec<serde_json::Value> = configs
             .iter()
             .zip(&reports)
-            .map(|(ty, runs)| serde_json::json!({ "type": ty.name(), "decoder": decoder, "runs": runs }))
+            .map(|((ty, dec), runs)| {
+                serde_json::json!({ "type": ty.name(), "decoder": dec.name(), "runs": runs })
+            })
             .collect();
         std::fs::write(path, serde_json::to_string_pretty(&all)?)
             .with_context(|| format!("writing {}", path.display()))?;

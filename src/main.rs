@@ -150,10 +150,11 @@ struct SpeakArgs {
     /// f32 KV cache, flash attention off: matches the float32 reference (slower).
     #[arg(long)]
     exact: bool,
-    /// The decoder's matrices as q8_0 through ggml: a quarter of f32's memory, not exact, and
-    /// slower than the default f32 host products on AVX2 (PERFORMANCE.md).
-    #[arg(long)]
-    decoder_q8: bool,
+    /// The decoder's matrices: auto (bf16 where the CPU has AMX, else f32), f32 (exact), bf16
+    /// (AMX only; about 32 dB from f32) or q8_0 (a quarter of f32's memory, about 19 dB from f32);
+    /// see PERFORMANCE.md.
+    #[arg(long, value_enum, default_value = "auto")]
+    decoder: bench_cli::DecoderArg,
 }
 
 /// Finds the model to use and says which.
@@ -286,7 +287,7 @@ fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
             .map(ThreadPlan::for_cores)
             .unwrap_or_else(ThreadPlan::detect),
         exact: args.exact,
-        decoder_q8: args.decoder_q8,
+        decoder: args.decoder.weights(),
         ..EngineConfig::default()
     };
     Engine::load(&model.files, config).context("loading the engine")

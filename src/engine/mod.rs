@@ -149,6 +149,50 @@ impl ThreadPlan {
     }
 }
 
+/// How the decoder stores its matrices and computes their products (PERFORMANCE.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecoderWeights {
+    /// f32, the heavy products on the host ([`crate::ffi::Context::conv_gemm`]): exact.
+    F32,
+    /// bf16 on AMX tiles ([`crate::vocoder::Products::HostBf16`]): 2-3x faster than f32 where the
+    /// CPU has AMX-BF16, about 32 dB from f32 on random weights; an error elsewhere.
+    Bf16,
+    /// q8_0 through ggml: a quarter of f32's memory, about 19 dB from f32 on random weights,
+    /// slower than the host products.
+    Q8_0,
+}
+
+impl DecoderWeights {
+    /// bf16 where [`crate::ffi::amx::available`], else f32.
+    pub fn fastest() -> Self {
+        if crate::ffi::amx::available() {
+            DecoderWeights::Bf16
+        } else {
+            DecoderWeights::F32
+        }
+    }
+
+    /// Loads the decoder from `f` this way (f32 when `exact`).
+    pub fn load(self, f: &GgufFile, exact: bool) -> Result<Vocoder, ModelError> {
+        match (self, exact) {
+            (_, true) | (DecoderWeights::F32, _) => Vocoder::load(f),
+            (DecoderWeights::Bf16, _) => {
+                Vocoder::load_options(f, None, crate::vocoder::Products::HostBf16)
+            }
+            (DecoderWeights::Q8_0, _) => Vocoder::load_with(f, Some(crate::gguf::GgmlType::Q8_0)),
+        }
+    }
+
+    /// The name `qtts` takes and prints: `f32`, `bf16`, `q8_0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecoderWeights::F32 => "f32",
+            DecoderWeights::Bf16 => "bf16",
+            DecoderWeights::Q8_0 => "q8_0",
+        }
+    }
+}
+
 /// Engine settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
@@ -156,7 +200,8 @@ pub struct EngineConfig {
     pub plan: ThreadPlan,
     /// Talker context in positions (prompt plus frames of one utterance): 2048.
     pub n_ctx: usize,
-    /// f32 KV cache with flash attention off (matches the f32 reference; twice the KV memory).
+    /// f32 KV cache with flash attention off, and the f32 decoder whatever `decoder` says
+    /// (matches the f32 reference; twice the KV memory).
     pub exact: bool,
     /// Frames queued between the code predictor and the decoder: 4 (320 ms of audio).
     pub codes_queue: usize,
@@ -166,9 +211,9 @@ pub struct EngineConfig {
     pub segment_tokens: usize,
     /// The code predictor's output heads on q8_0 rows (faster, not bit-exact).
     pub q8_heads: bool,
-    /// The decoder's conv and linear matrices as q8_0 through ggml (less memory, not exact, and
-    /// slower than the default f32 host products on AVX2; PERFORMANCE.md).
-    pub decoder_q8: bool,
+    /// The decoder's matrices: [`DecoderWeights::fastest`] (bf16 where the CPU has AMX, else f32).
+    /// `exact` overrides it with f32.
+    pub decoder: DecoderWeights,
     /// Run each utterance's first frame on every core of the plan, one stage after the other: the
     /// talker's prefill, the code predictor, then the decoder while the others wait. A shorter
     /// time to first audio, for about one decoder frame of delay to the second frame.
@@ -185,7 +230,7 @@ impl Default for EngineConfig {
             decoder_chunk: 2,
             segment_tokens: crate::text::split::DEFAULT_MAX_TOKENS,
             q8_heads: false,
-            decoder_q8: false,
+            decoder: DecoderWeights::fastest(),
             burst: true,
         }
     }
@@ -1034,10 +1079,9 @@ fn decoder_thread(
     let setup = (|| -> Result<(Threadpool, Option<Threadpool>, Vocoder), EngineError> {
         let pool = pin(&cfg.plan.decoder)?;
         let burst = burst_pool(&cfg, &cfg.plan.decoder)?;
-        let mut voc = Vocoder::load_with(
-            &GgufFile::open(&files.mmproj)?,
-            cfg.decoder_q8.then_some(crate::gguf::GgmlType::Q8_0),
-        )?;
+        let mut voc = cfg
+            .decoder
+            .load(&GgufFile::open(&files.mmproj)?, cfg.exact)?;
         voc.set_max_chunk(cfg.decoder_chunk.max(1));
         Ok((pool, burst, voc))
     })();

@@ -38,10 +38,7 @@ impl Serial {
         if config.q8_heads {
             cp.use_q8_heads()?;
         }
-        let mut voc = Vocoder::load_with(
-            &mmproj,
-            config.decoder_q8.then_some(crate::gguf::GgmlType::Q8_0),
-        )?;
+        let mut voc = config.decoder.load(&mmproj, config.exact)?;
         voc.set_max_chunk(config.decoder_chunk.max(1));
         Ok(Serial {
             talker: Talker::load(&files.talker)?,
