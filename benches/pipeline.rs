@@ -10,6 +10,8 @@
 //! the default plan: `shared` gives the decoder 2 threads over both cores (the talker and the code
 //! predictor keep core 0), `cp-shared` gives them to the code predictor (the decoder keeps core 1,
 //! time-shared), `talker-cp-shared` to both the talker and the code predictor.
+//! `QTTS_BENCH_DECODER_NICE` sets the decoder's `qtts::engine::StagePlan::nice` (20: `SCHED_IDLE`).
+//! `qtts bench --plan` compares plans interleaved, in separate processes.
 //! `QTTS_BENCH_BURST=0` turns off the all-core first frame.
 //!
 //! Run: `cargo bench --bench pipeline`
@@ -57,6 +59,7 @@ fn main() {
     let all = qtts::engine::StagePlan {
         cores: (0..cores).collect(),
         threads: cores,
+        nice: 0,
     };
     match std::env::var("QTTS_BENCH_PLAN").as_deref() {
         Ok("shared") if cores >= 2 => config.plan.decoder = all,
@@ -67,6 +70,7 @@ fn main() {
         }
         _ => {}
     }
+    config.plan.decoder.nice = env("QTTS_BENCH_DECODER_NICE", config.plan.decoder.nice);
     println!(
         "pipeline bench: 0.6B CustomVoice random weights, {}, decoder {}, burst {}, {frames} frames, {cores} cores, plan {:?}",
         ty.name(),

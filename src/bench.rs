@@ -294,8 +294,15 @@ pub struct Row {
 pub fn table(rows: &[Row], reference: &[ReferenceReport]) -> String {
     let mut s = String::new();
     let stage_names = ["talker step", "cp frame", "decoder frame"];
+    // The first column as wide as the longest label.
+    let w = rows
+        .iter()
+        .map(|r| r.label.chars().count())
+        .chain([22])
+        .max()
+        .unwrap_or(22);
     s += &format!(
-        "{:<22} {:>4} {:>7} {:>8} {:>8} {:>9} {:>9} {:>13} {:>13} {:>13} {:>9}\n",
+        "{:<w$} {:>4} {:>7} {:>8} {:>8} {:>9} {:>9} {:>13} {:>13} {:>13} {:>9}\n",
         "configuration",
         "runs",
         "RTF",
@@ -325,7 +332,7 @@ pub fn table(rows: &[Row], reference: &[ReferenceReport]) -> String {
             format!("{:.1}x", ref_rtf / m.rtf)
         };
         s += &format!(
-            "{:<22} {:>4} {:>7.2} {:>8.0} {:>8.0} {:>9.0} {:>9.0} {:>13} {:>13} {:>13} {:>9}\n",
+            "{:<w$} {:>4} {:>7.2} {:>8.0} {:>8.0} {:>9.0} {:>9.0} {:>13} {:>13} {:>13} {:>9}\n",
             row.label,
             m.runs,
             m.rtf,
@@ -342,7 +349,7 @@ pub fn table(rows: &[Row], reference: &[ReferenceReport]) -> String {
     if !reference.is_empty() {
         let med = |f: &dyn Fn(&ReferenceReport) -> f64| median(reference.iter().map(f).collect());
         s += &format!(
-            "{:<22} {:>4} {:>7.2} {:>8.0} {:>8} {:>9} {:>9} {:>13} {:>13} {:>13} {:>9}\n",
+            "{:<w$} {:>4} {:>7.2} {:>8.0} {:>8} {:>9} {:>9} {:>13} {:>13} {:>13} {:>9}\n",
             "reference (PyTorch)",
             reference.len(),
             ref_rtf,

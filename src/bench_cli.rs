@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::Context as _;
 use qtts::bench::{self, Medians, ReferenceReport, Row, RunReport};
-use qtts::engine::{DecoderWeights, EngineConfig};
+use qtts::engine::{DecoderWeights, EngineConfig, StagePlan, ThreadPlan};
 use qtts::model::config::Preset;
 use qtts::model::convert::OutType;
 
@@ -59,6 +59,9 @@ pub struct BenchArgs {
     /// Frames per decoder call after an utterance's first (default: the engine's).
     #[arg(long)]
     pub decoder_chunk: Option<usize>,
+    /// Thread plans, comma-separated; each is measured with each type and decoder.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "default")]
+    pub plan: Vec<PlanArg>,
     /// Write every run's report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -90,6 +93,63 @@ impl DecoderArg {
     }
 }
 
+/// Thread plans to compare (2 or more cores; on one core every plan is the default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanArg {
+    /// The engine's: [`ThreadPlan::for_cores`].
+    Default,
+    /// The code predictor's ggml threads over every core; the decoder keeps its own at nice 19,
+    /// so that it yields the core whenever the code predictor's second thread has work.
+    CpShared,
+    /// As `cp-shared`, the talker's threads too.
+    TalkerCpShared,
+    /// The code predictor over every core, the decoder at the same priority (what `cp-shared`
+    /// is measured against).
+    CpSharedEqual,
+    /// As `cp-shared`, the decoder under `SCHED_IDLE`.
+    CpSharedIdle,
+}
+
+impl PlanArg {
+    /// The plan on `cores` cores.
+    pub fn plan(self, cores: usize) -> ThreadPlan {
+        let mut plan = ThreadPlan::for_cores(cores);
+        if cores < 2 {
+            return plan;
+        }
+        let all = StagePlan {
+            cores: (0..cores).collect(),
+            threads: cores,
+            nice: 0,
+        };
+        match self {
+            PlanArg::Default => {}
+            PlanArg::CpShared => {
+                plan.cp = all;
+                plan.decoder.nice = 19;
+            }
+            PlanArg::TalkerCpShared => {
+                plan.talker = all.clone();
+                plan.cp = all;
+                plan.decoder.nice = 19;
+            }
+            PlanArg::CpSharedEqual => plan.cp = all,
+            PlanArg::CpSharedIdle => {
+                plan.cp = all;
+                plan.decoder.nice = 20;
+            }
+        }
+        plan
+    }
+
+    fn name(self) -> String {
+        use clap::ValueEnum as _;
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+}
+
 /// Options of the hidden `qtts bench-run`: one measured run, its report as one JSON line.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -105,6 +165,8 @@ pub struct RunArgs {
     decoder: DecoderArg,
     #[arg(long)]
     decoder_chunk: Option<usize>,
+    #[arg(long, value_enum, default_value = "default")]
+    plan: PlanArg,
 }
 
 /// `qtts bench-run`.
@@ -117,6 +179,9 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
     let config = EngineConfig {
         decoder: a.decoder.weights(),
         decoder_chunk: a.decoder_chunk.unwrap_or(default.decoder_chunk),
+        plan: a
+            .plan
+            .plan(std::thread::available_parallelism().map_or(1, |n| n.get())),
         ..default
     };
     let report = bench::measure(&files, config, a.frames, a.prebuffer_ms)?;
@@ -128,6 +193,7 @@ fn child(
     exe: &Path,
     files: &qtts::engine::ModelFiles,
     decoder: DecoderWeights,
+    plan: PlanArg,
     a: &BenchArgs,
 ) -> anyhow::Result<RunReport> {
     let mut cmd = Command::new(exe);
@@ -142,6 +208,7 @@ fn child(
         .arg(a.prebuffer_ms.to_string());
     // The parent resolves `auto`, so that the table names what ran.
     cmd.arg("--decoder").arg(decoder.name());
+    cmd.arg("--plan").arg(plan.name());
     if let Some(n) = a.decoder_chunk {
         cmd.arg("--decoder-chunk").arg(n.to_string());
     }
@@ -265,11 +332,30 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             decoders.push(d.weights());
         }
     }
-    let configs: Vec<(OutType, DecoderWeights)> = a
+    let mut plans: Vec<PlanArg> = Vec::new();
+    for &p in &a.plan {
+        if !plans.contains(&p) {
+            plans.push(p);
+        }
+    }
+    let configs: Vec<(OutType, DecoderWeights, PlanArg)> = a
         .types
         .iter()
-        .flat_map(|&ty| decoders.iter().map(move |&d| (ty, d)))
+        .flat_map(|&ty| {
+            let plans = &plans;
+            decoders
+                .iter()
+                .flat_map(move |&d| plans.iter().map(move |&p| (ty, d, p)))
+        })
         .collect();
+    // The label of a configuration: the plan is named when it is not the default.
+    let label = |ty: OutType, dec: DecoderWeights, plan: PlanArg| {
+        if plan == PlanArg::Default {
+            format!("{} (dec {})", ty.name(), dec.name())
+        } else {
+            format!("{} (dec {}, {})", ty.name(), dec.name(), plan.name())
+        }
+    };
     let names: Vec<&str> = decoders.iter().map(|d| d.name()).collect();
     eprintln!(
         "bench: {preset_name} random weights in {}, {} frames ({:.1} s of audio) per run, {} rounds, \
@@ -285,12 +371,11 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); configs.len()];
     let mut refs = Vec::new();
     for round in 0..a.runs {
-        for (i, &(ty, dec)) in configs.iter().enumerate() {
-            let r = child(&exe, &bench::model_files(&dir, ty), dec, a)?;
+        for (i, &(ty, dec, plan)) in configs.iter().enumerate() {
+            let r = child(&exe, &bench::model_files(&dir, ty), dec, plan, a)?;
             eprintln!(
-                "round {round} {:<5} dec {:<4}: RTF {:.3}  TTFA {:.0} ms  underruns {}/{}  peak {:.0} MiB",
-                ty.name(),
-                dec.name(),
+                "round {round} {:<28}: RTF {:.3}  TTFA {:.0} ms  underruns {}/{}  peak {:.0} MiB",
+                label(ty, dec, plan),
                 r.rtf,
                 r.ttfa_ms,
                 r.underruns,
@@ -309,8 +394,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let rows: Vec<Row> = configs
         .iter()
         .zip(&reports)
-        .map(|((ty, dec), runs)| Row {
-            label: format!("{} (dec {})", ty.name(), dec.name()),
+        .map(|(&(ty, dec, plan), runs)| Row {
+            label: label(ty, dec, plan),
             medians: Medians::of(runs),
         })
         .collect();
@@ -323,8 +408,13 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         let all: Vec<serde_json::Value> = configs
             .iter()
             .zip(&reports)
-            .map(|((ty, dec), runs)| {
-                serde_json::json!({ "type": ty.name(), "decoder": dec.name(), "runs": runs })
+            .map(|(&(ty, dec, plan), runs)| {
+                serde_json::json!({
+                    "type": ty.name(),
+                    "decoder": dec.name(),
+                    "plan": plan.name(),
+                    "runs": runs,
+                })
             })
             .collect();
         std::fs::write(path, serde_json::to_string_pretty(&all)?)

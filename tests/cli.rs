@@ -233,6 +233,8 @@ fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
             "f32",
             "--decoder",
             "f32",
+            "--plan",
+            "default,cp-shared",
             "--frames",
             "6",
             "--runs",
@@ -256,11 +258,19 @@ fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
         "runs column: {row}"
     );
     assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("f32 (dec f32, cp-shared)")),
+        "no cp-shared row in\n{table}"
+    );
+    assert!(
         !table.contains("reference"),
         "no reference without --python: {table}"
     );
     let all: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(all[0]["plan"], "default");
+    assert_eq!(all[1]["plan"], "cp-shared");
     let runs = all[0]["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
     for run in runs {

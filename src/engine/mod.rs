@@ -72,6 +72,11 @@ pub struct StagePlan {
     pub cores: Vec<usize>,
     /// ggml threads (the stage's own thread counts as one).
     pub threads: usize,
+    /// The nice value of the stage's threads: 0 leaves them as the process's; up to 19 lowers
+    /// their share of a core they time-share with another stage; 20 puts them under Linux's
+    /// `SCHED_IDLE` (they run only when nothing else on the core can). Raising priority (below
+    /// 0) needs privileges: a refusal leaves the threads as they were.
+    pub nice: i32,
 }
 
 /// Which stage runs on which cores with how many threads.
@@ -97,6 +102,7 @@ impl ThreadPlan {
         let one = |c: usize| StagePlan {
             cores: vec![c],
             threads: 1,
+            nice: 0,
         };
         match n {
             0 | 1 => ThreadPlan {
@@ -114,6 +120,7 @@ impl ThreadPlan {
                 let first = StagePlan {
                     cores: (0..a).collect(),
                     threads: a,
+                    nice: 0,
                 };
                 ThreadPlan {
                     talker: first.clone(),
@@ -121,6 +128,7 @@ impl ThreadPlan {
                     decoder: StagePlan {
                         cores: (a..n).collect(),
                         threads: n - a,
+                        nice: 0,
                     },
                 }
             }
@@ -536,10 +544,33 @@ pub struct Engine {
 fn pin(plan: &StagePlan) -> Result<Threadpool, GgmlError> {
     // The talker and the code predictor share their cores: their idle workers must sleep, not
     // spin on the core the other stage is computing on. ggml places the pool's workers on the
-    // first cores of the set and the calling thread (this stage's) on the last.
+    // first cores of the set and the calling thread (this stage's) on the last. The workers are
+    // created by this thread and inherit its nice value.
+    set_nice(plan.nice);
     let pool = Threadpool::with_poll(plan.threads.max(1), &plan.cores, Some(0))?;
     pin_thread(plan);
     Ok(pool)
+}
+
+/// Sets the calling thread's nice value (Linux keeps one per thread; threads it creates inherit
+/// it), or `SCHED_IDLE` for 20 and above (see [`StagePlan::nice`]); a refusal (raising priority
+/// without privileges) leaves it as it was.
+fn set_nice(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    // SAFETY: plain syscalls on the calling thread's own id.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        let tid = libc::gettid() as libc::id_t;
+        if nice >= 20 {
+            let p = libc::sched_param { sched_priority: 0 };
+            // pid 0: the calling thread.
+            let _ = libc::sched_setscheduler(0, libc::SCHED_IDLE, &p);
+        } else {
+            let _ = libc::setpriority(libc::PRIO_PROCESS, tid, nice);
+        }
+    }
 }
 
 /// Pins the calling thread where ggml's strict pool of `plan` puts it: the last core it uses.
@@ -1325,5 +1356,73 @@ impl Engine {
             rx,
             finished: None,
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// This process's thread ids.
+    fn tasks() -> Vec<u32> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect()
+    }
+
+    /// The nice value of thread `tid`, from `/proc` (field 19 of `stat`).
+    fn nice_of(tid: u32) -> i64 {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        after.split_whitespace().nth(16).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn a_stage_s_nice_value_reaches_its_thread_and_its_ggml_workers_only() {
+        // SAFETY: plain syscalls on this thread.
+        let (own, before) = unsafe { (libc::gettid() as u32, nice_of(libc::gettid() as u32)) };
+        if before > 7 {
+            eprintln!("skipped: the test runs at nice {before}, above the 7 it sets");
+            return;
+        }
+        let plan = StagePlan {
+            cores: Vec::new(),
+            threads: 2,
+            nice: 7,
+        };
+        std::thread::spawn(move || {
+            let old = tasks();
+            let _pool = pin(&plan).unwrap();
+            // SAFETY: a plain syscall.
+            let me = unsafe { libc::gettid() } as u32;
+            assert_eq!(nice_of(me), 7, "the stage's thread");
+            let workers: Vec<u32> = tasks().into_iter().filter(|t| !old.contains(t)).collect();
+            assert!(!workers.is_empty(), "a pool of 2 threads has a worker");
+            for w in workers {
+                assert_eq!(nice_of(w), 7, "ggml worker {w}");
+            }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(nice_of(own), before, "the caller's thread is untouched");
+    }
+
+    #[test]
+    fn nice_20_is_sched_idle_for_the_stage_s_thread_only() {
+        let plan = StagePlan {
+            cores: Vec::new(),
+            threads: 1,
+            nice: 20,
+        };
+        std::thread::spawn(move || {
+            let _pool = pin(&plan).unwrap();
+            // SAFETY: a plain syscall on the calling thread.
+            assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_IDLE);
+        })
+        .join()
+        .unwrap();
+        // SAFETY: as above.
+        assert_ne!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_IDLE);
     }
 }
