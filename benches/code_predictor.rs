@@ -12,7 +12,7 @@ mod common;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use qtts::code_predictor::heads::{Heads, Kernel};
-use qtts::code_predictor::CodePredictor;
+use qtts::code_predictor::{CodePredictor, LayerKernel};
 use qtts::ffi::Threadpool;
 use qtts::gguf::GgufFile;
 use qtts::model::convert::OutType;
@@ -71,8 +71,8 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
-    // Quantized layer products: ggml's `mul_mat` (the baseline) against the VNNI kernels, 1
-    // thread, q4_K then q8_0 weights.
+    // Quantized layer products: ggml's `mul_mat` (the baseline) against the VNNI kernels on the
+    // file's rows and on q4_K rows packed 16 at a time, 1 thread, q4_K then q8_0 weights.
     if qtts::code_predictor::q4k::available() {
         let pool = Threadpool::new(1, &[]).unwrap();
         let mut g = c.benchmark_group("cp frame, quantized layer products, 1 thread");
@@ -80,10 +80,9 @@ fn bench(c: &mut Criterion) {
         for ty in [OutType::Q4K, OutType::Q8_0] {
             let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
             let mut cp = CodePredictor::load(&f).unwrap();
-            for vnni in [false, true] {
-                cp.set_vnni(vnni).unwrap();
-                let kernel = if vnni { "VNNI kernel" } else { "ggml mul_mat" };
-                g.bench_function(format!("{} weights, {kernel}", ty.name()), |b| {
+            for kernel in [LayerKernel::Ggml, LayerKernel::Vnni, LayerKernel::Packed] {
+                cp.set_layer_kernel(kernel).unwrap();
+                g.bench_function(format!("{} weights, {kernel:?}", ty.name()), |b| {
                     b.iter(|| {
                         cp.frame(
                             &pool,

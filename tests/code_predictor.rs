@@ -331,3 +331,81 @@ fn sampled_frames_follow_the_seed() {
         o["codes"].iter().map(|&c| c as u32).collect::<Vec<_>>()
     );
 }
+
+/// q4_K layers: the kernel on rows packed 16 at a time (the default where the CPU has AVX-512
+/// VNNI) gives the frame of the kernel on the file's rows (the same integer products, summed in
+/// another order), and switching kernels packs and unpacks the matrices in place: back on the
+/// packed kernel, the frame is the same to the bit. A code predictor of width 256 (q4_K's block)
+/// so that its layers are q4_K.
+#[test]
+fn packed_q4k_layers_give_the_frame_of_the_file_s_rows() {
+    use qtts::code_predictor::LayerKernel;
+    if !qtts::code_predictor::q4k::available() {
+        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+        return;
+    }
+    let mut cfg =
+        qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
+    let cp = &mut cfg.tts.talker_config.code_predictor_config;
+    (cp.hidden_size, cp.intermediate_size, cp.head_dim) = (256, 512, 64);
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tmp.path().join("tokenizer");
+    common::tiny_tokenizer(&tok);
+    let ckpt = tmp.path().join("ckpt");
+    qtts::model::random::write_random_checkpoint_with(&cfg, 5, &tok, &ckpt, &mut |_, _| {})
+        .unwrap();
+    let out = qtts::model::convert::convert(
+        &ckpt,
+        None,
+        &tmp.path().join("gguf"),
+        OutType::Q4K,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let f = GgufFile::open(&out.mmproj).unwrap();
+    let q4k_layers = f
+        .header
+        .tensors
+        .iter()
+        .filter(|t| t.name.contains(".blk.") && t.ty == qtts::gguf::GgmlType::Q4K)
+        .count();
+    assert!(q4k_layers >= 7, "{q4k_layers} q4_K layer matrices");
+    let mut cp = CodePredictor::load(&f).unwrap();
+    assert_eq!(cp.layer_kernel(), LayerKernel::Packed);
+    let pool = Threadpool::new(2, &[]).unwrap();
+    let hidden: Vec<f32> = (0..64)
+        .map(|i| ((i * 37 % 64) as f32 / 32.0) - 1.0)
+        .collect();
+    let mut run = |cp: &mut CodePredictor| {
+        let mut logits = Vec::new();
+        let codes = cp
+            .frame(
+                &pool,
+                &hidden,
+                7,
+                &mut |_, l| {
+                    logits.extend_from_slice(l);
+                    argmax(l)
+                },
+                None,
+            )
+            .unwrap();
+        (codes, logits)
+    };
+    let packed = run(&mut cp);
+    cp.set_layer_kernel(LayerKernel::Vnni).unwrap();
+    let rows = run(&mut cp);
+    cp.set_layer_kernel(LayerKernel::Ggml).unwrap();
+    let ggml = run(&mut cp);
+    cp.set_layer_kernel(LayerKernel::Packed).unwrap();
+    let again = run(&mut cp);
+    let scale = packed.1.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let e = max_abs(&packed.1, &rows.1);
+    eprintln!("packed vs file rows: max {e:e} of {scale}");
+    assert!(e <= 1e-4 * scale.max(1.0), "packed vs file rows: {e}");
+    assert_eq!(packed.0, rows.0, "codes, packed vs file rows");
+    assert_eq!(packed, again, "packed, unpacked for ggml, packed again");
+    // ggml quantizes the inputs its own way: close, not equal.
+    let e = max_abs(&packed.1, &ggml.1);
+    assert!(e <= 0.05 * scale, "packed vs ggml: {e} of {scale}");
+}

@@ -18,6 +18,7 @@
 
 pub mod heads;
 pub mod q4k;
+pub mod q4k16;
 pub mod q8;
 mod quant;
 
@@ -116,6 +117,49 @@ impl Profile {
     }
 }
 
+/// Which code computes the code predictor's q4_K and q8_0 layer products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKernel {
+    /// ggml's `mul_mat`: the benches' baseline, and the only one without AVX-512 VNNI.
+    Ggml,
+    /// [`q4k::mat_vnni`] and [`q8::mat_vnni`] on the file's rows.
+    Vnni,
+    /// q4_K matrices packed 16 rows at a time at load and multiplied by [`q4k16::mat_vnni`]
+    /// (q8_0 by [`q8::mat_vnni`]): the default where [`q4k::available`].
+    Packed,
+}
+
+impl LayerKernel {
+    /// The fastest this CPU runs.
+    pub fn fastest() -> Self {
+        if q4k::available() {
+            LayerKernel::Packed
+        } else {
+            LayerKernel::Ggml
+        }
+    }
+}
+
+/// Whether the weight `name` is one of the layer products (see [`layer_product`]).
+fn is_product(name: &str) -> bool {
+    const LAYER: [&str; 7] = [
+        ".attn_q.weight",
+        ".attn_k.weight",
+        ".attn_v.weight",
+        ".attn_out.weight",
+        ".ffn_gate.weight",
+        ".ffn_up.weight",
+        ".ffn_down.weight",
+    ];
+    name == "a.gen.code.proj_in.weight"
+        || (name.starts_with("a.gen.code.blk.") && LAYER.iter().any(|l| name.ends_with(l)))
+}
+
+/// Whether a weight of type `ty` and shape `ne` is packed under `kernel`.
+fn packs(kernel: LayerKernel, ty: GgmlType, ne: &[usize]) -> bool {
+    kernel == LayerKernel::Packed && ty == GgmlType::Q4K && q4k16::fits(ne[1], ne[0])
+}
+
 /// The code predictor stage: weights, KV cache and the graphs of one frame.
 #[derive(Debug)]
 pub struct CodePredictor {
@@ -128,9 +172,8 @@ pub struct CodePredictor {
     /// One embedding row, for [`CodePredictor::embed_frame`].
     row: Vec<f32>,
     profile: Option<Profile>,
-    /// q4_K and q8_0 layer products by the VNNI kernels where the CPU has them (default), else
-    /// ggml's.
-    vnni: bool,
+    /// What computes the q4_K and q8_0 layer products (and whether the q4_K ones are packed).
+    kernel: LayerKernel,
     /// Read by the graphs through ggml's pointers; owned here to outlive them.
     weights: Context,
 }
@@ -193,12 +236,19 @@ impl CodePredictor {
         let overhead = (code.len() + 2 * g.n_layer + 16) * 512;
         let weights = Context::new(weight_bytes as usize + cache_bytes + overhead + (1 << 20))
             .map_err(ModelError::from)?;
+        let kernel = LayerKernel::fastest();
         for t in &code {
             let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
             let w = weights.new_tensor(t.ty, &ne).map_err(ModelError::from)?;
             // The validated header guarantees the data is inside the file.
             let data = f.tensor_data(&t.name).unwrap_or_default();
-            w.write_bytes(data).map_err(ModelError::from)?;
+            if is_product(&t.name) && packs(kernel, t.ty, &ne) && data.len() == w.nbytes() {
+                let mut packed = data.to_vec();
+                q4k16::pack(&mut packed, ne[1], data.len() / ne[1]);
+                w.write_bytes(&packed).map_err(ModelError::from)?;
+            } else {
+                w.write_bytes(data).map_err(ModelError::from)?;
+            }
             w.set_name(&t.name);
             f.release(&t.name);
         }
@@ -212,8 +262,7 @@ impl CodePredictor {
         }
         let heads = load_heads(f, &g)?;
         f.release(HEAD);
-        let vnni = q4k::available();
-        let steps = build_steps(&weights, &g, vnni)?;
+        let steps = build_steps(&weights, &g, kernel)?;
         let profile = std::env::var_os("QTTS_PROFILE")
             .is_some_and(|v| v == "1")
             .then(|| Profile {
@@ -228,28 +277,72 @@ impl CodePredictor {
             last: vec![0.0; g.n_embd],
             row: vec![0.0; g.n_talker],
             profile,
-            vnni,
+            kernel,
             weights,
         })
     }
 
-    /// Computes the q4_K and q8_0 layer products with [`q4k::mat_vnni`] and [`q8::mat_vnni`]
-    /// (`true`, the default where [`q4k::available`]) or with ggml's `mul_mat` (`false`: the
-    /// benches' baseline). Rebuilds the frame's graphs; `true` without the CPU features is
-    /// refused.
-    pub fn set_vnni(&mut self, on: bool) -> Result<(), ModelError> {
-        if on && !q4k::available() {
+    /// Computes the q4_K and q8_0 layer products with `kernel` (default: [`LayerKernel::fastest`]):
+    /// packs or unpacks the q4_K matrices as needed and rebuilds the frame's graphs. The VNNI
+    /// kernels without the CPU's features are refused.
+    pub fn set_layer_kernel(&mut self, kernel: LayerKernel) -> Result<(), ModelError> {
+        if kernel != LayerKernel::Ggml && !q4k::available() {
             return Err(ModelError::Unsupported {
                 what: "VNNI q4_K and q8_0 products".into(),
                 expected: "a CPU with AVX-512 F, BW, VL, VNNI and F16C".into(),
                 found: "a CPU without them".into(),
             });
         }
-        if on != self.vnni {
-            self.steps = build_steps(&self.weights, &self.geometry, on)?;
-            self.vnni = on;
+        if kernel == self.kernel {
+            return Ok(());
         }
+        // The graphs hold pointers into the weights, not their bytes: rearranging the bytes in
+        // place needs no rebuild by itself, but the graphs pick the kernel.
+        for (name, ty, ne) in self.product_weights() {
+            let (was, will) = (packs(self.kernel, ty, &ne), packs(kernel, ty, &ne));
+            if was == will {
+                continue;
+            }
+            let w = self.weights.get(&name).expect("listed by product_weights");
+            let mut bytes = w.read_bytes().map_err(ModelError::from)?;
+            let row_bytes = bytes.len() / ne[1];
+            if will {
+                q4k16::pack(&mut bytes, ne[1], row_bytes);
+            } else {
+                q4k16::unpack(&mut bytes, ne[1], row_bytes);
+            }
+            w.write_bytes(&bytes).map_err(ModelError::from)?;
+        }
+        self.steps = build_steps(&self.weights, &self.geometry, kernel)?;
+        self.kernel = kernel;
         Ok(())
+    }
+
+    /// The kernel of the layer products.
+    pub fn layer_kernel(&self) -> LayerKernel {
+        self.kernel
+    }
+
+    /// Name, type and shape of each layer product's weight.
+    fn product_weights(&self) -> Vec<(String, GgmlType, Vec<usize>)> {
+        let mut names = vec!["a.gen.code.proj_in.weight".to_string()];
+        for l in 0..self.geometry.n_layer {
+            for m in [
+                "attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down",
+            ] {
+                names.push(format!("a.gen.code.blk.{l}.{m}.weight"));
+            }
+        }
+        names
+            .into_iter()
+            .filter_map(|n| {
+                let w = self.weights.get(&n)?;
+                let ty = [GgmlType::Q4K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32]
+                    .into_iter()
+                    .find(|&t| w.is_type(t))?;
+                Some((n, ty, w.ne().to_vec()))
+            })
+            .collect()
     }
 
     /// The geometry.
@@ -440,8 +533,8 @@ impl CodePredictor {
         let mut last = vec![0f32; g.n_embd];
         let mut logits = vec![0f32; g.n_codes];
         for step in 0..POSITIONS - 1 {
-            let mut graph =
-                build_step(&self.weights, &g, step, false, self.vnni).map_err(ModelError::from)?;
+            let mut graph = build_step(&self.weights, &g, step, false, self.kernel)
+                .map_err(ModelError::from)?;
             let t = |n: &str| {
                 graph.tensor(n).ok_or_else(|| {
                     ModelError::from(GgmlError::Shape {
@@ -517,7 +610,7 @@ fn build_step(
     g: &Geometry,
     step: usize,
     cached: bool,
-    vnni: bool,
+    kernel: LayerKernel,
 ) -> Result<OwnedGraph, GgmlError> {
     let (t_len, p0) = match (cached, step) {
         (false, _) => (step + 2, 0),
@@ -571,7 +664,7 @@ fn build_step(
                 x
             };
             if g.proj_in {
-                x = layer_product(c, get("a.gen.code.proj_in.weight")?, x, vnni)?;
+                x = layer_product(c, get("a.gen.code.proj_in.weight")?, x, kernel)?;
                 x = c.add(x, get("a.gen.code.proj_in.bias")?)?;
             }
             let pos = c.new_i32(t_len)?;
@@ -597,19 +690,19 @@ fn build_step(
                 let p = |n: &str| get(&format!("a.gen.code.blk.{l}.{n}"));
                 let h = c.mul(c.rms_norm(x, g.eps)?, p("ln1.weight")?)?;
                 let q = c.reshape(
-                    layer_product(c, p("attn_q.weight")?, h, vnni)?,
+                    layer_product(c, p("attn_q.weight")?, h, kernel)?,
                     [hd, nh, t_len],
                 )?;
                 let q = c.mul(c.rms_norm(q, g.eps)?, p("attn_q_norm.weight")?)?;
                 let q = c.rope_neox(q, pos, hd, g.theta)?;
                 let k = c.reshape(
-                    layer_product(c, p("attn_k.weight")?, h, vnni)?,
+                    layer_product(c, p("attn_k.weight")?, h, kernel)?,
                     [hd, nkv, t_len],
                 )?;
                 let k = c.mul(c.rms_norm(k, g.eps)?, p("attn_k_norm.weight")?)?;
                 let k = c.rope_neox(k, pos, hd, g.theta)?;
                 let v = c.reshape(
-                    layer_product(c, p("attn_v.weight")?, h, vnni)?,
+                    layer_product(c, p("attn_v.weight")?, h, kernel)?,
                     [hd, nkv, t_len],
                 )?;
                 // Keys and values of positions 0..n_kv, [hd, nkv, n_kv]: from the cache, after
@@ -633,13 +726,13 @@ fn build_step(
                 let kq = c.soft_max(kq, mask, 1.0 / (hd as f32).sqrt())?;
                 let kqv = c.mul_mat(vals, kq)?;
                 let o = c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, t_len, 1])?;
-                x = c.add(x, layer_product(c, p("attn_out.weight")?, o, vnni)?)?;
+                x = c.add(x, layer_product(c, p("attn_out.weight")?, o, kernel)?)?;
                 let h = c.mul(c.rms_norm(x, g.eps)?, p("ln2.weight")?)?;
-                let gate = c.silu(layer_product(c, p("ffn_gate.weight")?, h, vnni)?)?;
-                let up = layer_product(c, p("ffn_up.weight")?, h, vnni)?;
+                let gate = c.silu(layer_product(c, p("ffn_gate.weight")?, h, kernel)?)?;
+                let up = layer_product(c, p("ffn_up.weight")?, h, kernel)?;
                 x = c.add(
                     x,
-                    layer_product(c, p("ffn_down.weight")?, c.mul(gate, up)?, vnni)?,
+                    layer_product(c, p("ffn_down.weight")?, c.mul(gate, up)?, kernel)?,
                 )?;
             }
             let hidden = c
@@ -656,28 +749,39 @@ fn build_step(
 }
 
 /// The cached graphs of a frame's 15 steps (see [`build_step`]).
-fn build_steps(w: &Context, g: &Geometry, vnni: bool) -> Result<Vec<OwnedGraph>, ModelError> {
+fn build_steps(
+    w: &Context,
+    g: &Geometry,
+    kernel: LayerKernel,
+) -> Result<Vec<OwnedGraph>, ModelError> {
     (0..POSITIONS - 1)
-        .map(|step| build_step(w, g, step, true, vnni).map_err(ModelError::from))
+        .map(|step| build_step(w, g, step, true, kernel).map_err(ModelError::from))
         .collect()
 }
 
-/// `mul_mat(w, x)` of a layer: q4_K and q8_0 rows by [`q4k::mat_vnni`] and [`q8::mat_vnni`]
-/// when `vnni` (set only where [`q4k::available`]), else ggml's.
+/// `mul_mat(w, x)` of a layer, by `kernel`: packed q4_K rows by [`q4k16::mat_vnni`] (packed at
+/// load or by [`CodePredictor::set_layer_kernel`], see [`packs`]), other q4_K and q8_0 rows by
+/// [`q4k::mat_vnni`] and [`q8::mat_vnni`], unless `kernel` is [`LayerKernel::Ggml`] (the only
+/// one set without the CPU's features).
 fn layer_product<'a>(
     c: &'a Context,
     w: Tensor<'a>,
     x: Tensor<'a>,
-    vnni: bool,
+    kernel: LayerKernel,
 ) -> Result<Tensor<'a>, GgmlError> {
     #[cfg(target_arch = "x86_64")]
-    if vnni && w.is_type(GgmlType::Q4K) && w.ne()[0].is_multiple_of(q4k::BLOCK) {
-        return c.map_mat(w, x, q4k::mat_vnni);
+    if kernel != LayerKernel::Ggml {
+        let ne = w.ne();
+        if w.is_type(GgmlType::Q4K) && packs(kernel, GgmlType::Q4K, &ne) {
+            return c.map_mat_in::<{ q4k16::GROUP }>(w, x, q4k16::mat_vnni);
+        }
+        if w.is_type(GgmlType::Q4K) && ne[0].is_multiple_of(q4k::BLOCK) {
+            return c.map_mat(w, x, q4k::mat_vnni);
+        }
+        if w.is_type(GgmlType::Q8_0) && ne[0].is_multiple_of(q8::BLOCK) {
+            return c.map_mat(w, x, q8::mat_vnni);
+        }
     }
-    #[cfg(target_arch = "x86_64")]
-    if vnni && w.is_type(GgmlType::Q8_0) && w.ne()[0].is_multiple_of(q8::BLOCK) {
-        return c.map_mat(w, x, q8::mat_vnni);
-    }
-    let _ = vnni;
+    let _ = kernel;
     c.mul_mat(w, x)
 }

@@ -875,6 +875,19 @@ impl<'ctx> Tensor<'ctx> {
         Ok(())
     }
 
+    /// The tensor's raw bytes (of its own type).
+    pub fn read_bytes(&self) -> Result<Vec<u8>, GgmlError> {
+        self.check_data()?;
+        let mut out = vec![0u8; self.nbytes()];
+        // SAFETY: the data exists and holds nbytes bytes; nothing writes it while it is copied
+        // (graphs compute inside Graph::compute only).
+        unsafe {
+            let p = sys::ggml_get_data(self.ptr.as_ptr()).cast::<u8>();
+            std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len());
+        }
+        Ok(out)
+    }
+
     /// Writes i32 values (row indices, positions) into an i32 tensor.
     pub fn write_i32(&self, src: &[i32]) -> Result<(), GgmlError> {
         let bytes: Vec<u8> = src.iter().flat_map(|x| x.to_le_bytes()).collect();

@@ -516,8 +516,9 @@ pub type MatKernel = unsafe fn(
     y_stride: usize,
 );
 
-/// ggml's side of [`Context::map_mat`]: splits the weight rows over the graph's threads.
-unsafe extern "C" fn map_mat_trampoline(
+/// ggml's side of [`Context::map_mat_in`]: splits the weight rows over the graph's threads in
+/// whole groups of `G` rows.
+unsafe extern "C" fn map_mat_trampoline<const G: usize>(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,
     nth: std::os::raw::c_int,
@@ -535,7 +536,8 @@ unsafe extern "C" fn map_mat_trampoline(
             (*x).ne[1] as usize,
         );
         let row_bytes = (*w).nb[1];
-        let (r0, r1) = thread_share(n, ith, nth);
+        let (g0, g1) = thread_share(n / G, ith, nth);
+        let (r0, r1) = (g0 * G, g1 * G);
         if r0 == r1 {
             return;
         }
@@ -559,14 +561,36 @@ impl Context {
         x: Tensor<'a>,
         kernel: MatKernel,
     ) -> Result<Tensor<'a>, GgmlError> {
+        self.map_mat_in::<1>(w, x, kernel)
+    }
+
+    /// As [`Context::map_mat`], for a kernel that reads the rows in groups of `G` (packed
+    /// together): each thread gets whole groups, `kernel` is called with `w` at a group's start
+    /// and `n` a multiple of `G`, which the weights' row count must be.
+    pub fn map_mat_in<'a, const G: usize>(
+        &'a self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        kernel: MatKernel,
+    ) -> Result<Tensor<'a>, GgmlError> {
         Self::dense_f32("map_mat input", x)?;
         let (nw, nx) = (w.ne(), x.ne());
         // SAFETY: the tensor is live; contiguity reads its shape and strides.
         let dense = unsafe { sys::ggml_is_contiguous(w.ptr.as_ptr()) };
-        if !dense || nw[0] != nx[0] || nw[2] != 1 || nw[3] != 1 || nx[2] != 1 || nx[3] != 1 {
+        if !dense
+            || nw[0] != nx[0]
+            || nw[2] != 1
+            || nw[3] != 1
+            || nx[2] != 1
+            || nx[3] != 1
+            || G == 0
+            || !nw[1].is_multiple_of(G)
+        {
             return Err(GgmlError::Shape {
                 what: "map_mat",
-                expected: "contiguous 2-D weights [k, n] and input [k, m]".into(),
+                expected: format!(
+                    "contiguous 2-D weights [k, n] (n a multiple of {G}) and input [k, m]"
+                ),
                 found: format!("weights {nw:?} (contiguous {dense}), input {nx:?}"),
             });
         }
@@ -583,7 +607,7 @@ impl Context {
                 1,
                 args.as_mut_ptr(),
                 2,
-                Some(map_mat_trampoline),
+                Some(map_mat_trampoline::<G>),
                 -1, // GGML_N_TASKS_MAX: every thread of the graph
                 kernel as *mut std::os::raw::c_void,
             )

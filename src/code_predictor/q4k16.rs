@@ -1,0 +1,355 @@
+//! q4_K matrix-vector products over rows packed 16 at a time, with AVX-512 VNNI: each 32-bit
+//! lane of a vector is one row, so a `vpdpbusd` adds four weights of each of 16 rows times the
+//! same four inputs, and no horizontal sum is needed until the end of a row. The kernel of
+//! [`super::q4k`], which reads the file's rows as they are, was compute-bound: it spent as long
+//! per block on a matrix in L2 as on one streamed from memory (PERFORMANCE.md).
+//!
+//! [`pack`] rearranges a q4_K matrix in place, in groups of [`GROUP`] rows; the bytes of a group
+//! are the same bytes as its 16 rows', so the matrix keeps its size and [`unpack`] restores it.
+//! Block `b` of a group (16 × 144 = 2304 bytes at `b · 2304` from the group's start) holds:
+//! - bytes 0..192: the 12 scale bytes of each row as three little-endian words `a`, `b`, `c`,
+//!   each as 16 consecutive words (one per row);
+//! - bytes 192..224 and 224..256: `d` and `dmin` of the 16 rows (f16);
+//! - bytes 256..2304: for each 32-byte nibble group `g` (0..4) and each 4-byte step `t` (0..8) of
+//!   it, 64 bytes: bytes `32g + 4t .. 32g + 4t + 4` of the nibbles of row 0, then row 1, … row 15.
+//!
+//! The input is quantized as for [`super::q4k`] (per 256 values, `dx = max|x| / 127`), kept in
+//! its natural order with each sub-block's integer sum; a row's product is
+//! `Σ_blocks dx · (d · Σ_j sc_j · (q · xq)_j − dmin · Σ_j m_j · Σ xq_j)`. The tests hold
+//! [`mat_vnni`] on packed rows to [`super::q4k::mat_scalar`] on the same rows unpacked.
+
+use std::cell::RefCell;
+
+use super::q4k::{BLOCK, BLOCK_BYTES};
+use super::quant::{to_i8, with_inputs, Fill};
+
+/// Rows per packed group.
+pub const GROUP: usize = 16;
+/// Bytes of one block of a packed group.
+const GROUP_BLOCK: usize = GROUP * BLOCK_BYTES;
+
+/// Whether a q4_K matrix of `n` rows of `k` weights can be packed.
+pub fn fits(n: usize, k: usize) -> bool {
+    n > 0 && n.is_multiple_of(GROUP) && k > 0 && k.is_multiple_of(BLOCK)
+}
+
+/// Where byte `i` of row `r`'s block goes in its group's packed block.
+#[inline]
+fn packed_offset(r: usize, i: usize) -> usize {
+    match i {
+        0..2 => 192 + 2 * r + i,
+        2..4 => 224 + 2 * r + (i - 2),
+        4..16 => (i - 4) / 4 * 64 + 4 * r + (i - 4) % 4,
+        _ => {
+            let q = i - 16;
+            let (g, t, e) = (q / 32, q % 32 / 4, q % 4);
+            256 + (g * 8 + t) * 64 + 4 * r + e
+        }
+    }
+}
+
+/// Rearranges `q` (`n` q4_K rows of `row_bytes`) into the packed layout, or back when
+/// `!forward`. `q` must hold exactly `n` rows, `n` a multiple of [`GROUP`].
+fn permute(q: &mut [u8], n: usize, row_bytes: usize, forward: bool) {
+    assert!(
+        n.is_multiple_of(GROUP)
+            && row_bytes.is_multiple_of(BLOCK_BYTES)
+            && q.len() == n * row_bytes,
+        "q4_K packing: {n} rows of {row_bytes} bytes in {} bytes",
+        q.len()
+    );
+    let nb = row_bytes / BLOCK_BYTES;
+    let mut tmp = vec![0u8; GROUP * row_bytes];
+    for region in q.chunks_exact_mut(GROUP * row_bytes) {
+        tmp.copy_from_slice(region);
+        for b in 0..nb {
+            for r in 0..GROUP {
+                for i in 0..BLOCK_BYTES {
+                    let raw = r * row_bytes + b * BLOCK_BYTES + i;
+                    let packed = b * GROUP_BLOCK + packed_offset(r, i);
+                    if forward {
+                        region[packed] = tmp[raw];
+                    } else {
+                        region[raw] = tmp[packed];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Packs `n` q4_K rows of `row_bytes` in place (see the module's layout); `n` must be a
+/// multiple of [`GROUP`] (see [`fits`]).
+pub fn pack(q: &mut [u8], n: usize, row_bytes: usize) {
+    permute(q, n, row_bytes, true);
+}
+
+/// Undoes [`pack`].
+pub fn unpack(q: &mut [u8], n: usize, row_bytes: usize) {
+    permute(q, n, row_bytes, false);
+}
+
+/// An input row quantized for [`mat_vnni`], in its natural order.
+#[derive(Default)]
+struct Natural {
+    /// 256 int8 values per block.
+    q: Vec<i8>,
+    /// Per block, its scale.
+    d: Vec<f32>,
+    /// Per sub-block (32 values), the sum of its `q`.
+    sums: Vec<i32>,
+}
+
+impl Fill for Natural {
+    fn fill(&mut self, x: &[f32]) {
+        let nb = x.len() / BLOCK;
+        self.q.resize(nb * BLOCK, 0);
+        self.d.resize(nb, 0.0);
+        self.sums.resize(nb * 8, 0);
+        for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            self.d[b] = amax / 127.0;
+            let sums = &mut self.sums[b * 8..b * 8 + 8];
+            sums.fill(0);
+            for (i, &v) in xb.iter().enumerate() {
+                let q = to_i8(v * inv);
+                self.q[b * BLOCK + i] = q;
+                sums[i / 32] += q as i32;
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// The inputs of the current call, reused across calls on this thread.
+    static SCRATCH: RefCell<Vec<Natural>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A [`crate::ffi::MatKernel`] for q4_K rows packed by [`pack`], with AVX-512 VNNI; only where
+/// [`super::q4k::available`], and only on whole groups of [`GROUP`] rows (`n` a multiple of it,
+/// `w` at a group's start: [`crate::ffi::Context::map_mat_in`] with `G` = [`GROUP`]).
+///
+/// # Safety
+/// As [`crate::ffi::MatKernel`], with `w` pointing at `n / GROUP` packed groups; `k` is a
+/// multiple of [`BLOCK`] and `row_bytes` is `k / BLOCK · BLOCK_BYTES`; the CPU has the
+/// features of [`super::q4k::available`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn mat_vnni(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    k: usize,
+    x: *const f32,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let nb = k / BLOCK;
+    // SAFETY: the caller's contract: n / GROUP groups of GROUP · row_bytes bytes at w, m inputs
+    // of k floats, outputs within y's rows.
+    unsafe {
+        with_inputs(&SCRATCH, x, k, m, |inputs| {
+            for grp in 0..n / GROUP {
+                let gw = w.add(grp * GROUP * row_bytes);
+                let r0 = grp * GROUP;
+                let mut j = 0;
+                while j < inputs.len() {
+                    if j + 2 <= inputs.len() {
+                        let out = vnni::dots::<2>(gw, nb, [&inputs[j], &inputs[j + 1]]);
+                        vnni::store(out[0], y.add(j * y_stride + r0));
+                        vnni::store(out[1], y.add((j + 1) * y_stride + r0));
+                        j += 2;
+                    } else {
+                        let out = vnni::dots::<1>(gw, nb, [&inputs[j]]);
+                        vnni::store(out[0], y.add(j * y_stride + r0));
+                        j += 1;
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{Natural, BLOCK, GROUP_BLOCK};
+    use std::arch::x86_64::*;
+
+    /// How far ahead of the line being read the kernel asks for the weights' cache lines.
+    const AHEAD: usize = 4 * GROUP_BLOCK;
+
+    /// Writes the 16 outputs of a group.
+    ///
+    /// # Safety
+    /// `y` has room for 16 floats; the CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn store(v: __m512, y: *mut f32) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_storeu_ps(y, v) }
+    }
+
+    /// Scale or min `s` (0..8) of the 16 rows, from the unpacked low (`s < 4`) and high words
+    /// (a macro, so that the intrinsics inline into the caller's target features).
+    macro_rules! byte_of {
+        ($lo:expr, $hi:expr, $s:expr) => {{
+            let s: usize = $s;
+            let w = if s < 4 { $lo } else { $hi };
+            _mm512_and_si512(
+                _mm512_srlv_epi32(w, _mm512_set1_epi32(8 * (s % 4) as i32)),
+                _mm512_set1_epi32(0xff),
+            )
+        }};
+    }
+
+    /// The products of one packed group (16 rows of `nb` blocks at `grp`) with `M` inputs, one
+    /// vector of 16 row results per input.
+    ///
+    /// # Safety
+    /// `grp` points at `nb` packed blocks, each input holds `nb` blocks; the CPU has the
+    /// features of [`super::super::q4k::available`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
+    pub(super) unsafe fn dots<const M: usize>(
+        grp: *const u8,
+        nb: usize,
+        ps: [&Natural; M],
+    ) -> [__m512; M] {
+        let low = _mm512_set1_epi8(0x0f);
+        let m6 = _mm512_set1_epi32(0x3f3f_3f3f);
+        let m4 = _mm512_set1_epi32(0x0f0f_0f0f);
+        let m2 = _mm512_set1_epi32(0x0303_0303);
+        let mut acc = [_mm512_setzero_ps(); M];
+        for b in 0..nb {
+            let blk = grp.wrapping_add(b * GROUP_BLOCK);
+            // SAFETY: block b of the group and of each input (the caller's contract); the
+            // prefetches are hints, never dereferenced, and may point past the matrix.
+            unsafe {
+                for l in 0..GROUP_BLOCK / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(AHEAD + 64 * l).cast());
+                }
+                let a = _mm512_loadu_si512(blk.cast());
+                let bw = _mm512_loadu_si512(blk.add(64).cast());
+                let c = _mm512_loadu_si512(blk.add(128).cast());
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(192).cast()));
+                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(224).cast()));
+                let sc_lo = _mm512_and_si512(a, m6);
+                let m_lo = _mm512_and_si512(bw, m6);
+                let sc_hi = _mm512_or_si512(
+                    _mm512_and_si512(c, m4),
+                    _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(a), m2)),
+                );
+                let m_hi = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi32::<4>(c), m4),
+                    _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(bw), m2)),
+                );
+                let qs = blk.add(256);
+                let mut isum = [_mm512_setzero_si512(); M];
+                for g in 0..4 {
+                    let mut lo_acc = [_mm512_setzero_si512(); M];
+                    let mut hi_acc = [_mm512_setzero_si512(); M];
+                    for t in 0..8 {
+                        let v = _mm512_loadu_si512(qs.add((g * 8 + t) * 64).cast());
+                        let lo = _mm512_and_si512(v, low);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                        for j in 0..M {
+                            let xq = ps[j].q.as_ptr().add(b * BLOCK + 64 * g + 4 * t);
+                            let xl = _mm512_set1_epi32(xq.cast::<i32>().read_unaligned());
+                            let xh = _mm512_set1_epi32(xq.add(32).cast::<i32>().read_unaligned());
+                            lo_acc[j] = _mm512_dpbusd_epi32(lo_acc[j], lo, xl);
+                            hi_acc[j] = _mm512_dpbusd_epi32(hi_acc[j], hi, xh);
+                        }
+                    }
+                    let (s0, s1) = (
+                        byte_of!(sc_lo, sc_hi, 2 * g),
+                        byte_of!(sc_lo, sc_hi, 2 * g + 1),
+                    );
+                    for j in 0..M {
+                        isum[j] = _mm512_add_epi32(
+                            isum[j],
+                            _mm512_add_epi32(
+                                _mm512_mullo_epi32(lo_acc[j], s0),
+                                _mm512_mullo_epi32(hi_acc[j], s1),
+                            ),
+                        );
+                    }
+                }
+                for j in 0..M {
+                    let sums = ps[j].sums.as_ptr().add(b * 8);
+                    let mut msum = _mm512_setzero_si512();
+                    for s in 0..8 {
+                        msum = _mm512_add_epi32(
+                            msum,
+                            _mm512_mullo_epi32(
+                                byte_of!(m_lo, m_hi, s),
+                                _mm512_set1_epi32(*sums.add(s)),
+                            ),
+                        );
+                    }
+                    let dx = _mm512_set1_ps(*ps[j].d.as_ptr().add(b));
+                    acc[j] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(d, dx), acc[j]);
+                    acc[j] =
+                        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, dx), acc[j]);
+                }
+            }
+        }
+        acc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::q4k;
+    use super::super::quant::testing;
+    use super::*;
+    use crate::gguf::GgmlType;
+
+    #[test]
+    fn packing_is_a_permutation_that_unpack_undoes() {
+        let (q, _, _) = testing::case(GgmlType::Q4K, 32, 512, 1, 9);
+        let row_bytes = q.len() / 32;
+        let mut p = q.clone();
+        pack(&mut p, 32, row_bytes);
+        assert_ne!(p, q, "packing moves bytes");
+        let (mut a, mut b) = (p.clone(), q.clone());
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b, "the same bytes");
+        unpack(&mut p, 32, row_bytes);
+        assert_eq!(p, q);
+        // Every offset of a group block is hit once.
+        let mut hit = vec![0u8; GROUP_BLOCK];
+        for r in 0..GROUP {
+            for i in 0..BLOCK_BYTES {
+                hit[packed_offset(r, i)] += 1;
+            }
+        }
+        assert!(hit.iter().all(|&h| h == 1));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn packed_vnni_kernel_equals_the_scalar_one_on_the_rows_unpacked() {
+        if !q4k::available() {
+            eprintln!("skipped: no AVX-512 VNNI on this CPU");
+            return;
+        }
+        for (seed, &(n, k, m)) in [(16, 256, 1), (64, 1024, 1), (32, 3072, 2), (48, 512, 3)]
+            .iter()
+            .enumerate()
+        {
+            let (q, _, x) = testing::case(GgmlType::Q4K, n, k, m, 40 + seed as u64);
+            let want = testing::run(q4k::mat_scalar, &q, n, k, &x, m);
+            let mut p = q.clone();
+            pack(&mut p, n, q.len() / n);
+            let got = testing::run(mat_vnni, &p, n, k, &x, m);
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+                    "{n}x{k}, {m} inputs, output {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
