@@ -376,7 +376,7 @@ fn packed_q4k_layers_give_the_frame_of_the_file_s_rows() {
     let hidden: Vec<f32> = (0..64)
         .map(|i| ((i * 37 % 64) as f32 / 32.0) - 1.0)
         .collect();
-    let mut run = |cp: &mut CodePredictor| {
+    let run = |cp: &mut CodePredictor| {
         let mut logits = Vec::new();
         let codes = cp
             .frame(
