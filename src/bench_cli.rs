@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::Context as _;
 use qtts::bench::{self, Medians, ReferenceReport, Row, RunReport};
-use qtts::engine::{DecoderWeights, EngineConfig, StagePlan, ThreadPlan};
+use qtts::engine::{DecoderWeights, EngineConfig, LayerKernel, StagePlan, ThreadPlan};
 use qtts::model::config::Preset;
 use qtts::model::convert::OutType;
 
@@ -59,6 +59,10 @@ pub struct BenchArgs {
     /// Frames per decoder call after an utterance's first (default: the engine's).
     #[arg(long)]
     pub decoder_chunk: Option<usize>,
+    /// The code predictor's layer kernels, comma-separated: auto (the engine's), ggml,
+    /// vnni-rows, vnni-packed; each is measured with each type, decoder and plan.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
+    pub cp_kernel: Vec<CpKernelArg>,
     /// Thread plans, comma-separated; each is measured with each type and decoder.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "default")]
     pub plan: Vec<PlanArg>,
@@ -90,6 +94,47 @@ impl DecoderArg {
             DecoderArg::Bf16 => DecoderWeights::Bf16,
             DecoderArg::Q8_0 => DecoderWeights::Q8_0,
         }
+    }
+}
+
+/// The code predictor's layer kernel on the command line (the engine's `LayerKernel`, or auto).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CpKernelArg {
+    /// The engine's default ([`LayerKernel::fastest`]).
+    Auto,
+    /// ggml's `mul_mat`.
+    Ggml,
+    /// AVX-512 VNNI on the file's q4_K rows.
+    VnniRows,
+    /// AVX-512 VNNI on q4_K rows packed 16 at a time.
+    VnniPacked,
+}
+
+impl CpKernelArg {
+    /// What the engine takes.
+    pub fn kernel(self) -> LayerKernel {
+        match self {
+            CpKernelArg::Auto => LayerKernel::fastest(),
+            CpKernelArg::Ggml => LayerKernel::Ggml,
+            CpKernelArg::VnniRows => LayerKernel::Vnni,
+            CpKernelArg::VnniPacked => LayerKernel::Packed,
+        }
+    }
+
+    /// The argument naming `k`.
+    fn of(k: LayerKernel) -> Self {
+        match k {
+            LayerKernel::Ggml => CpKernelArg::Ggml,
+            LayerKernel::Vnni => CpKernelArg::VnniRows,
+            LayerKernel::Packed => CpKernelArg::VnniPacked,
+        }
+    }
+
+    fn name(self) -> String {
+        use clap::ValueEnum as _;
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
     }
 }
 
@@ -167,6 +212,8 @@ pub struct RunArgs {
     decoder_chunk: Option<usize>,
     #[arg(long, value_enum, default_value = "default")]
     plan: PlanArg,
+    #[arg(long, value_enum, default_value = "auto")]
+    cp_kernel: CpKernelArg,
 }
 
 /// `qtts bench-run`.
@@ -182,6 +229,7 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
         plan: a
             .plan
             .plan(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        cp_kernel: a.cp_kernel.kernel(),
         ..default
     };
     let report = bench::measure(&files, config, a.frames, a.prebuffer_ms)?;
@@ -194,6 +242,7 @@ fn child(
     files: &qtts::engine::ModelFiles,
     decoder: DecoderWeights,
     plan: PlanArg,
+    cp_kernel: LayerKernel,
     a: &BenchArgs,
 ) -> anyhow::Result<RunReport> {
     let mut cmd = Command::new(exe);
@@ -209,6 +258,8 @@ fn child(
     // The parent resolves `auto`, so that the table names what ran.
     cmd.arg("--decoder").arg(decoder.name());
     cmd.arg("--plan").arg(plan.name());
+    cmd.arg("--cp-kernel")
+        .arg(CpKernelArg::of(cp_kernel).name());
     if let Some(n) = a.decoder_chunk {
         cmd.arg("--decoder-chunk").arg(n.to_string());
     }
@@ -338,23 +389,33 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             plans.push(p);
         }
     }
-    let configs: Vec<(OutType, DecoderWeights, PlanArg)> = a
-        .types
-        .iter()
-        .flat_map(|&ty| {
-            let plans = &plans;
-            decoders
-                .iter()
-                .flat_map(move |&d| plans.iter().map(move |&p| (ty, d, p)))
-        })
-        .collect();
-    // The label of a configuration: the plan is named when it is not the default.
-    let label = |ty: OutType, dec: DecoderWeights, plan: PlanArg| {
-        if plan == PlanArg::Default {
-            format!("{} (dec {})", ty.name(), dec.name())
-        } else {
-            format!("{} (dec {}, {})", ty.name(), dec.name(), plan.name())
+    let mut kernels: Vec<LayerKernel> = Vec::new();
+    for k in &a.cp_kernel {
+        if !kernels.contains(&k.kernel()) {
+            kernels.push(k.kernel());
         }
+    }
+    let mut configs: Vec<(OutType, DecoderWeights, PlanArg, LayerKernel)> = Vec::new();
+    for &ty in &a.types {
+        for &d in &decoders {
+            for &p in &plans {
+                for &k in &kernels {
+                    configs.push((ty, d, p, k));
+                }
+            }
+        }
+    }
+    // The label of a configuration: the plan and the kernel are named when they are not the
+    // defaults.
+    let label = |ty: OutType, dec: DecoderWeights, plan: PlanArg, k: LayerKernel| {
+        let mut l = format!("{} (dec {}", ty.name(), dec.name());
+        if plan != PlanArg::Default {
+            l += &format!(", {}", plan.name());
+        }
+        if k != LayerKernel::fastest() {
+            l += &format!(", cp {}", CpKernelArg::of(k).name());
+        }
+        l + ")"
     };
     let names: Vec<&str> = decoders.iter().map(|d| d.name()).collect();
     eprintln!(
@@ -371,11 +432,11 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); configs.len()];
     let mut refs = Vec::new();
     for round in 0..a.runs {
-        for (i, &(ty, dec, plan)) in configs.iter().enumerate() {
-            let r = child(&exe, &bench::model_files(&dir, ty), dec, plan, a)?;
+        for (i, &(ty, dec, plan, k)) in configs.iter().enumerate() {
+            let r = child(&exe, &bench::model_files(&dir, ty), dec, plan, k, a)?;
             eprintln!(
                 "round {round} {:<28}: RTF {:.3}  TTFA {:.0} ms  underruns {}/{}  peak {:.0} MiB",
-                label(ty, dec, plan),
+                label(ty, dec, plan, k),
                 r.rtf,
                 r.ttfa_ms,
                 r.underruns,
@@ -394,8 +455,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let rows: Vec<Row> = configs
         .iter()
         .zip(&reports)
-        .map(|(&(ty, dec, plan), runs)| Row {
-            label: label(ty, dec, plan),
+        .map(|(&(ty, dec, plan, k), runs)| Row {
+            label: label(ty, dec, plan, k),
             medians: Medians::of(runs),
         })
         .collect();
@@ -408,11 +469,12 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         let all: Vec<serde_json::Value> = configs
             .iter()
             .zip(&reports)
-            .map(|(&(ty, dec, plan), runs)| {
+            .map(|(&(ty, dec, plan, k), runs)| {
                 serde_json::json!({
                     "type": ty.name(),
                     "decoder": dec.name(),
                     "plan": plan.name(),
+                    "cp_kernel": CpKernelArg::of(k).name(),
                     "runs": runs,
                 })
             })

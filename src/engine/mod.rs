@@ -43,6 +43,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::audio::{AudioError, AudioSink, FRAME_SAMPLES};
 use crate::code_predictor::CodePredictor;
+pub use crate::code_predictor::LayerKernel;
 use crate::error::ModelError;
 use crate::ffi::{GgmlError, Threadpool};
 use crate::gguf::GgufFile;
@@ -219,6 +220,10 @@ pub struct EngineConfig {
     pub segment_tokens: usize,
     /// The code predictor's output heads on q8_0 rows (faster, not bit-exact).
     pub q8_heads: bool,
+    /// What computes the code predictor's q4_K and q8_0 layer products:
+    /// [`LayerKernel::fastest`] (q4_K rows packed for AVX-512 VNNI where the CPU has it, else
+    /// ggml's). Files of f32 or f16 layers are not affected.
+    pub cp_kernel: LayerKernel,
     /// The decoder's matrices: [`DecoderWeights::fastest`] (bf16 where the CPU has AMX, else f32).
     /// `exact` overrides it with f32.
     pub decoder: DecoderWeights,
@@ -238,6 +243,7 @@ impl Default for EngineConfig {
             decoder_chunk: 2,
             segment_tokens: crate::text::split::DEFAULT_MAX_TOKENS,
             q8_heads: false,
+            cp_kernel: LayerKernel::fastest(),
             decoder: DecoderWeights::fastest(),
             burst: true,
         }
@@ -1007,6 +1013,7 @@ fn cp_thread(
         if cfg.q8_heads {
             cp.use_q8_heads()?;
         }
+        cp.set_layer_kernel(cfg.cp_kernel)?;
         Ok((pool, burst, cp))
     })();
     let Some((pool, burst, mut cp)) = announce(ready, setup) else {

@@ -38,6 +38,7 @@ impl Serial {
         if config.q8_heads {
             cp.use_q8_heads()?;
         }
+        cp.set_layer_kernel(config.cp_kernel)?;
         let mut voc = config.decoder.load(&mmproj, config.exact)?;
         voc.set_max_chunk(config.decoder_chunk.max(1));
         Ok(Serial {
