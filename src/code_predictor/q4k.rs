@@ -20,7 +20,7 @@ use std::cell::RefCell;
 
 #[cfg(target_arch = "x86_64")]
 use super::quant::{drive, Dots};
-use super::quant::{to_i8, with_inputs, Fill};
+use super::quant::{quantize_block, with_inputs, Fill};
 
 /// Weights per q4_K block.
 pub const BLOCK: usize = 256;
@@ -86,15 +86,12 @@ impl Fill for Prepared {
         self.d.resize(nb, 0.0);
         self.xs.resize(nb * 8, 0.0);
         for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             let mut sums = [0i32; 8];
-            for (i, &v) in xb.iter().enumerate() {
-                let q = to_i8(v * inv);
-                self.q[b * BLOCK + arranged(i)] = q;
-                sums[i / 32] += q as i32;
-            }
+            let q = &mut self.q[b * BLOCK..(b + 1) * BLOCK];
+            let d = quantize_block(xb, |i, v| {
+                q[arranged(i)] = v;
+                sums[i / 32] += v as i32;
+            });
             self.d[b] = d;
             for (j, s) in sums.iter().enumerate() {
                 self.xs[b * 8 + j] = d * *s as f32;

@@ -21,7 +21,7 @@
 use std::cell::RefCell;
 
 use super::q4k::{BLOCK, BLOCK_BYTES};
-use super::quant::{to_i8, with_inputs, Fill};
+use super::quant::{quantize_block, with_inputs, Fill};
 
 /// Rows per packed group.
 pub const GROUP: usize = 16;
@@ -107,16 +107,13 @@ impl Fill for Natural {
         self.d.resize(nb, 0.0);
         self.sums.resize(nb * 8, 0);
         for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-            self.d[b] = amax / 127.0;
             let sums = &mut self.sums[b * 8..b * 8 + 8];
             sums.fill(0);
-            for (i, &v) in xb.iter().enumerate() {
-                let q = to_i8(v * inv);
-                self.q[b * BLOCK + i] = q;
-                sums[i / 32] += q as i32;
-            }
+            let q = &mut self.q[b * BLOCK..(b + 1) * BLOCK];
+            self.d[b] = quantize_block(xb, |i, v| {
+                q[i] = v;
+                sums[i / 32] += v as i32;
+            });
         }
     }
 }

@@ -16,7 +16,7 @@ use std::cell::RefCell;
 
 #[cfg(target_arch = "x86_64")]
 use super::quant::{drive, Dots};
-use super::quant::{to_i8, with_inputs, Fill};
+use super::quant::{quantize_block, with_inputs, Fill};
 
 /// Weights per q8_0 block.
 pub const BLOCK: usize = 32;
@@ -41,15 +41,12 @@ impl Fill for Prepared {
         self.d.resize(nb, 0.0);
         self.c.resize(nb, 0.0);
         for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             let mut sum = 0i32;
-            for (i, &v) in xb.iter().enumerate() {
-                let q = to_i8(v * inv);
-                self.q[b * BLOCK + i] = q;
-                sum += q as i32;
-            }
+            let q = &mut self.q[b * BLOCK..(b + 1) * BLOCK];
+            let d = quantize_block(xb, |i, v| {
+                q[i] = v;
+                sum += v as i32;
+            });
             self.d[b] = d;
             self.c[b] = 128.0 * d * sum as f32;
         }

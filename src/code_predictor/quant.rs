@@ -18,6 +18,18 @@ pub(super) fn to_i8(t: f32) -> i8 {
     ((t + MAGIC) - MAGIC).clamp(-127.0, 127.0) as i8
 }
 
+/// Quantizes one block of inputs to int8 with the scale `d = max|x| / 127` (ggml's q8
+/// convention, up to the sign), handing each value to `put(i, q)`; returns `d`.
+#[inline]
+pub(super) fn quantize_block(xb: &[f32], mut put: impl FnMut(usize, i8)) -> f32 {
+    let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for (i, &v) in xb.iter().enumerate() {
+        put(i, to_i8(v * inv));
+    }
+    amax / 127.0
+}
+
 /// Quantizes the `m` input rows at `x` (`k` values each) into `scratch` (this thread's) and
 /// calls `f` with them.
 ///
