@@ -151,7 +151,8 @@ pub enum PlanArg {
     /// The code predictor over every core, the decoder at the same priority (what `cp-shared`
     /// is measured against).
     CpSharedEqual,
-    /// As `cp-shared`, the decoder under `SCHED_IDLE`.
+    /// As `cp-shared`, the decoder under `SCHED_IDLE` ([`ThreadPlan::cp_on_every_core`], `qtts
+    /// speak --cp-on-every-core`).
     CpSharedIdle,
 }
 
@@ -179,10 +180,7 @@ impl PlanArg {
                 plan.decoder.nice = 19;
             }
             PlanArg::CpSharedEqual => plan.cp = all,
-            PlanArg::CpSharedIdle => {
-                plan.cp = all;
-                plan.decoder.nice = 20;
-            }
+            PlanArg::CpSharedIdle => plan = ThreadPlan::cp_on_every_core(cores),
         }
         plan
     }

@@ -150,6 +150,10 @@ struct SpeakArgs {
     /// f32 KV cache, flash attention off: matches the float32 reference (slower).
     #[arg(long)]
     exact: bool,
+    /// The code predictor on every core, the decoder yielding its core under SCHED_IDLE: about
+    /// 1.2x faster on 2 idle cores (PERFORMANCE.md), but other busy programs starve the decoder.
+    #[arg(long)]
+    cp_on_every_core: bool,
     /// The decoder's matrices: auto (bf16 where the CPU has AMX, else f32), f32 (exact), bf16
     /// (AMX only; about 32 dB from f32) or q8_0 (a quarter of f32's memory, about 19 dB from f32);
     /// see PERFORMANCE.md.
@@ -282,10 +286,12 @@ fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
     use qtts::engine::{Engine, EngineConfig, ThreadPlan};
     let model = pick_model(args.model.as_deref())?;
     let config = EngineConfig {
-        plan: args
-            .cores
-            .map(ThreadPlan::for_cores)
-            .unwrap_or_else(ThreadPlan::detect),
+        plan: match (args.cores, args.cp_on_every_core) {
+            (Some(n), true) => ThreadPlan::cp_on_every_core(n),
+            (Some(n), false) => ThreadPlan::for_cores(n),
+            (None, true) => ThreadPlan::cp_on_every_core(ThreadPlan::detect().all_cores().len()),
+            (None, false) => ThreadPlan::detect(),
+        },
         exact: args.exact,
         decoder: args.decoder.weights(),
         ..EngineConfig::default()

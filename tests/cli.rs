@@ -49,30 +49,33 @@ fn synth_token_ids_reproduces_the_oracle() {
             let frames = (o["codes"].len() / 16).to_string();
             let wav = tmp.path().join(format!("{run}.wav"));
             let codes = tmp.path().join(format!("{run}.json"));
-            let r = qtts(
-                &[
-                    "synth",
-                    "--model",
-                    &dir,
-                    "--token-ids",
-                    &ids.join(","),
-                    "--speaker",
-                    "vivian",
-                    "--language",
-                    "english",
-                    "--text-mode",
-                    mode,
-                    "--greedy",
-                    "--exact",
-                    "--max-frames",
-                    &frames,
-                    "--out",
-                    wav.to_str().unwrap(),
-                    "--codes-out",
-                    codes.to_str().unwrap(),
-                ],
-                tmp.path(),
-            );
+            let ids = ids.join(",");
+            // The non-streaming run also puts the code predictor on every core (exact too).
+            let mut args = vec![
+                "synth",
+                "--model",
+                &dir,
+                "--token-ids",
+                &ids,
+                "--speaker",
+                "vivian",
+                "--language",
+                "english",
+                "--text-mode",
+                mode,
+                "--greedy",
+                "--exact",
+                "--max-frames",
+                &frames,
+                "--out",
+                wav.to_str().unwrap(),
+                "--codes-out",
+                codes.to_str().unwrap(),
+            ];
+            if mode == "non-streaming" {
+                args.extend(["--cores", "2", "--cp-on-every-core"]);
+            }
+            let r = qtts(&args, tmp.path());
             assert!(r.status.success(), "{name} {run}: {}", stderr(&r));
             let got: Vec<Vec<u32>> =
                 serde_json::from_str(&std::fs::read_to_string(&codes).unwrap()).unwrap();
