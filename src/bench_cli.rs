@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::Context as _;
 use qtts::bench::{self, Medians, ReferenceReport, Row, RunReport};
-use qtts::engine::{DecoderWeights, EngineConfig, LayerKernel, StagePlan, ThreadPlan};
+use qtts::engine::{DecoderWeights, EngineConfig, LayerKernel, ThreadPlan};
 use qtts::model::config::Preset;
 use qtts::model::convert::OutType;
 
@@ -97,6 +97,13 @@ impl DecoderArg {
     }
 }
 
+/// The name of `v` on the command line.
+fn arg_name(v: impl clap::ValueEnum) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
+}
+
 /// The code predictor's layer kernel on the command line (the engine's `LayerKernel`, or auto).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum CpKernelArg {
@@ -131,10 +138,7 @@ impl CpKernelArg {
     }
 
     fn name(self) -> String {
-        use clap::ValueEnum as _;
-        self.to_possible_value()
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default()
+        arg_name(self)
     }
 }
 
@@ -159,37 +163,27 @@ pub enum PlanArg {
 impl PlanArg {
     /// The plan on `cores` cores.
     pub fn plan(self, cores: usize) -> ThreadPlan {
-        let mut plan = ThreadPlan::for_cores(cores);
         if cores < 2 {
-            return plan;
+            return ThreadPlan::for_cores(cores);
         }
-        let all = StagePlan {
-            cores: (0..cores).collect(),
-            threads: cores,
-            nice: 0,
-        };
+        // Every plan but the default shares the code predictor over every core; they differ in
+        // the decoder's priority and the talker's cores.
+        let mut plan = ThreadPlan::cp_on_every_core(cores);
         match self {
-            PlanArg::Default => {}
-            PlanArg::CpShared => {
-                plan.cp = all;
-                plan.decoder.nice = 19;
-            }
+            PlanArg::Default => return ThreadPlan::for_cores(cores),
+            PlanArg::CpSharedIdle => {}
+            PlanArg::CpShared => plan.decoder.nice = 19,
+            PlanArg::CpSharedEqual => plan.decoder.nice = 0,
             PlanArg::TalkerCpShared => {
-                plan.talker = all.clone();
-                plan.cp = all;
+                plan.talker = plan.cp.clone();
                 plan.decoder.nice = 19;
             }
-            PlanArg::CpSharedEqual => plan.cp = all,
-            PlanArg::CpSharedIdle => plan = ThreadPlan::cp_on_every_core(cores),
         }
         plan
     }
 
     fn name(self) -> String {
-        use clap::ValueEnum as _;
-        self.to_possible_value()
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default()
+        arg_name(self)
     }
 }
 
@@ -224,9 +218,7 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
     let config = EngineConfig {
         decoder: a.decoder.weights(),
         decoder_chunk: a.decoder_chunk.unwrap_or(default.decoder_chunk),
-        plan: a
-            .plan
-            .plan(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        plan: a.plan.plan(ThreadPlan::available_cores()),
         cp_kernel: a.cp_kernel.kernel(),
         ..default
     };
@@ -310,7 +302,6 @@ fn reference(
 
 /// `qtts bench`.
 pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
-    use clap::ValueEnum as _;
     anyhow::ensure!(
         a.runs >= 1 && a.frames >= 1,
         "--runs and --frames must be at least 1"
@@ -319,11 +310,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         !a.types.is_empty(),
         "--types: name at least one weight type"
     );
-    let preset_name = a
-        .preset
-        .to_possible_value()
-        .map(|v| v.get_name().to_string())
-        .unwrap_or_default();
+    let preset_name = arg_name(a.preset);
     let dir = a.models.clone().unwrap_or_else(|| {
         qtts::model::find::cache_dir()
             .join("bench")
@@ -373,7 +360,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             script.display()
         );
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = ThreadPlan::available_cores();
     // Every (type, decoder) pair, types outermost; `auto` resolved once, duplicates dropped.
     let mut decoders: Vec<DecoderWeights> = Vec::new();
     for d in &a.decoder {

@@ -286,11 +286,13 @@ fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
     use qtts::engine::{Engine, EngineConfig, ThreadPlan};
     let model = pick_model(args.model.as_deref())?;
     let config = EngineConfig {
-        plan: match (args.cores, args.cp_on_every_core) {
-            (Some(n), true) => ThreadPlan::cp_on_every_core(n),
-            (Some(n), false) => ThreadPlan::for_cores(n),
-            (None, true) => ThreadPlan::cp_on_every_core(ThreadPlan::detect().all_cores().len()),
-            (None, false) => ThreadPlan::detect(),
+        plan: {
+            let n = args.cores.unwrap_or_else(ThreadPlan::available_cores);
+            if args.cp_on_every_core {
+                ThreadPlan::cp_on_every_core(n)
+            } else {
+                ThreadPlan::for_cores(n)
+            }
         },
         exact: args.exact,
         decoder: args.decoder.weights(),

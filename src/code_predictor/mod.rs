@@ -140,19 +140,17 @@ impl LayerKernel {
     }
 }
 
-/// Whether the weight `name` is one of the layer products (see [`layer_product`]).
-fn is_product(name: &str) -> bool {
-    const LAYER: [&str; 7] = [
-        ".attn_q.weight",
-        ".attn_k.weight",
-        ".attn_v.weight",
-        ".attn_out.weight",
-        ".ffn_gate.weight",
-        ".ffn_up.weight",
-        ".ffn_down.weight",
-    ];
-    name == "a.gen.code.proj_in.weight"
-        || (name.starts_with("a.gen.code.blk.") && LAYER.iter().any(|l| name.ends_with(l)))
+/// The names of the weights [`layer_product`] multiplies by, for `n_layer` layers.
+fn product_names(n_layer: usize) -> Vec<String> {
+    let mut names = vec!["a.gen.code.proj_in.weight".to_string()];
+    for l in 0..n_layer {
+        for m in [
+            "attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down",
+        ] {
+            names.push(format!("a.gen.code.blk.{l}.{m}.weight"));
+        }
+    }
+    names
 }
 
 /// Whether a weight of type `ty` and shape `ne` is packed under `kernel`.
@@ -237,12 +235,13 @@ impl CodePredictor {
         let weights = Context::new(weight_bytes as usize + cache_bytes + overhead + (1 << 20))
             .map_err(ModelError::from)?;
         let kernel = LayerKernel::fastest();
+        let products = product_names(g.n_layer);
         for t in &code {
             let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
             let w = weights.new_tensor(t.ty, &ne).map_err(ModelError::from)?;
             // The validated header guarantees the data is inside the file.
             let data = f.tensor_data(&t.name).unwrap_or_default();
-            if is_product(&t.name) && packs(kernel, t.ty, &ne) && data.len() == w.nbytes() {
+            if packs(kernel, t.ty, &ne) && products.contains(&t.name) && data.len() == w.nbytes() {
                 let mut packed = data.to_vec();
                 q4k16::pack(&mut packed, ne[1], data.len() / ne[1]);
                 w.write_bytes(&packed).map_err(ModelError::from)?;
@@ -298,12 +297,19 @@ impl CodePredictor {
         }
         // The graphs hold pointers into the weights, not their bytes: rearranging the bytes in
         // place needs no rebuild by itself, but the graphs pick the kernel.
-        for (name, ty, ne) in self.product_weights() {
-            let (was, will) = (packs(self.kernel, ty, &ne), packs(kernel, ty, &ne));
+        for name in product_names(self.geometry.n_layer) {
+            // Only q4_K weights are ever packed (see `packs`).
+            let Some(w) = self.weights.get(&name).filter(|w| w.is_type(GgmlType::Q4K)) else {
+                continue;
+            };
+            let ne = w.ne();
+            let (was, will) = (
+                packs(self.kernel, GgmlType::Q4K, &ne),
+                packs(kernel, GgmlType::Q4K, &ne),
+            );
             if was == will {
                 continue;
             }
-            let w = self.weights.get(&name).expect("listed by product_weights");
             let mut bytes = w.read_bytes().map_err(ModelError::from)?;
             let row_bytes = bytes.len() / ne[1];
             if will {
@@ -321,28 +327,6 @@ impl CodePredictor {
     /// The kernel of the layer products.
     pub fn layer_kernel(&self) -> LayerKernel {
         self.kernel
-    }
-
-    /// Name, type and shape of each layer product's weight.
-    fn product_weights(&self) -> Vec<(String, GgmlType, Vec<usize>)> {
-        let mut names = vec!["a.gen.code.proj_in.weight".to_string()];
-        for l in 0..self.geometry.n_layer {
-            for m in [
-                "attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down",
-            ] {
-                names.push(format!("a.gen.code.blk.{l}.{m}.weight"));
-            }
-        }
-        names
-            .into_iter()
-            .filter_map(|n| {
-                let w = self.weights.get(&n)?;
-                let ty = [GgmlType::Q4K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32]
-                    .into_iter()
-                    .find(|&t| w.is_type(t))?;
-                Some((n, ty, w.ne().to_vec()))
-            })
-            .collect()
     }
 
     /// The geometry.

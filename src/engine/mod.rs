@@ -168,12 +168,16 @@ impl ThreadPlan {
 
     /// [`ThreadPlan::for_cores`] of the cores this process may use.
     pub fn detect() -> Self {
-        let n = core_affinity::get_core_ids()
+        Self::for_cores(Self::available_cores())
+    }
+
+    /// The cores this process may use (at least 1).
+    pub fn available_cores() -> usize {
+        core_affinity::get_core_ids()
             .map(|c| c.len())
             .filter(|&n| n > 0)
             .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
-            .unwrap_or(1);
-        Self::for_cores(n)
+            .unwrap_or(1)
     }
 }
 
@@ -587,12 +591,12 @@ fn set_nice(nice: i32) {
     // SAFETY: plain syscalls on the calling thread's own id.
     #[cfg(target_os = "linux")]
     unsafe {
-        let tid = libc::gettid() as libc::id_t;
         if nice >= 20 {
             let p = libc::sched_param { sched_priority: 0 };
             // pid 0: the calling thread.
             let _ = libc::sched_setscheduler(0, libc::SCHED_IDLE, &p);
         } else {
+            let tid = libc::gettid() as libc::id_t;
             let _ = libc::setpriority(libc::PRIO_PROCESS, tid, nice);
         }
     }
