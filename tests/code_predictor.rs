@@ -348,20 +348,7 @@ fn packed_q4k_layers_give_the_frame_of_the_file_s_rows() {
         qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
     let cp = &mut cfg.tts.talker_config.code_predictor_config;
     (cp.hidden_size, cp.intermediate_size, cp.head_dim) = (256, 512, 64);
-    let tmp = tempfile::tempdir().unwrap();
-    let tok = tmp.path().join("tokenizer");
-    common::tiny_tokenizer(&tok);
-    let ckpt = tmp.path().join("ckpt");
-    qtts::model::random::write_random_checkpoint_with(&cfg, 5, &tok, &ckpt, &mut |_, _| {})
-        .unwrap();
-    let out = qtts::model::convert::convert(
-        &ckpt,
-        None,
-        &tmp.path().join("gguf"),
-        OutType::Q4K,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let (_tmp, out) = common::random_converted(&cfg, 5, OutType::Q4K);
     let f = GgufFile::open(&out.mmproj).unwrap();
     let q4k_layers = f
         .header

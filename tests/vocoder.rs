@@ -273,20 +273,7 @@ fn full_size_decoder_streams_the_same_in_any_chunking() {
         Preset::Small06CustomVoice.config().speech_tokenizer
     );
 
-    let tmp = tempfile::tempdir().unwrap();
-    let tok = tmp.path().join("tokenizer");
-    common::tiny_tokenizer(&tok);
-    let ckpt = tmp.path().join("ckpt");
-    qtts::model::random::write_random_checkpoint_with(&cfg, 3, &tok, &ckpt, &mut |_, _| {})
-        .unwrap();
-    let out = qtts::model::convert::convert(
-        &ckpt,
-        None,
-        &tmp.path().join("gguf"),
-        OutType::F32,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let (_tmp, out) = common::random_converted(&cfg, 3, OutType::F32);
     let f = GgufFile::open(&out.mmproj).unwrap();
     let pool = Threadpool::new(2, &[]).unwrap();
     const N: usize = 200;

@@ -91,20 +91,25 @@ pub fn tiny_random(
     seed: u64,
 ) -> (tempfile::TempDir, qtts::model::convert::Converted) {
     let cfg = qtts::model::testing::tiny_config(preset, true);
+    random_converted(&cfg, seed, qtts::model::convert::OutType::F32)
+}
+
+/// A random checkpoint of `cfg` (with the tiny tokenizer), converted to `ty` in a temporary
+/// directory (`gguf/` in it).
+pub fn random_converted(
+    cfg: &qtts::model::config::CheckpointConfig,
+    seed: u64,
+    ty: qtts::model::convert::OutType,
+) -> (tempfile::TempDir, qtts::model::convert::Converted) {
     let tmp = tempfile::tempdir().unwrap();
     let tok = tmp.path().join("tokenizer");
     tiny_tokenizer(&tok);
     let ckpt = tmp.path().join("ckpt");
-    qtts::model::random::write_random_checkpoint_with(&cfg, seed, &tok, &ckpt, &mut |_, _| {})
+    qtts::model::random::write_random_checkpoint_with(cfg, seed, &tok, &ckpt, &mut |_, _| {})
         .unwrap();
-    let out = qtts::model::convert::convert(
-        &ckpt,
-        None,
-        &tmp.path().join("gguf"),
-        qtts::model::convert::OutType::F32,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let out =
+        qtts::model::convert::convert(&ckpt, None, &tmp.path().join("gguf"), ty, &mut |_, _| {})
+            .unwrap();
     (tmp, out)
 }
 
