@@ -19,6 +19,7 @@ pub mod ffi;
 pub mod gguf;
 pub mod metrics;
 pub mod model;
+mod qwen3;
 pub mod sampling;
 pub mod synth;
 pub mod talker;

@@ -27,6 +27,7 @@ use heads::{Heads, Kernel};
 use crate::error::ModelError;
 use crate::ffi::{Context, GgmlError, OwnedGraph, Tensor, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
+use crate::qwen3;
 
 /// Positions per frame: the talker's hidden state, codebook 0, then codebooks 1..14 (15 is never
 /// fed back).
@@ -252,12 +253,15 @@ impl CodePredictor {
             f.release(&t.name);
         }
         for l in 0..g.n_layer {
-            for kv in ["k", "v"] {
-                weights
-                    .new_f32(&[g.head_dim, g.n_head_kv, POSITIONS])
-                    .map_err(ModelError::from)?
-                    .set_name(&format!("cache.{kv}.{l}"));
-            }
+            // Keys by position, values transposed (see `qwen3::Kv::Cache`).
+            weights
+                .new_f32(&[g.head_dim, g.n_head_kv, POSITIONS])
+                .map_err(ModelError::from)?
+                .set_name(&format!("cache.k.{l}"));
+            weights
+                .new_f32(&[POSITIONS, g.head_dim * g.n_head_kv])
+                .map_err(ModelError::from)?
+                .set_name(&format!("cache.v.{l}"));
         }
         let heads = load_heads(f, &g)?;
         f.release(HEAD);
@@ -548,6 +552,13 @@ impl CodePredictor {
     }
 }
 
+/// The code predictor's names of the layer tensors the talker names differently.
+const NAMES: qwen3::Names = qwen3::Names {
+    attn_norm: "ln1.weight",
+    attn_out: "attn_out.weight",
+    ffn_norm: "ln2.weight",
+};
+
 /// The 15 sample heads' tensor (`[width, n_codes, 15]`): used on the host only (see [`Heads`]).
 const HEAD: &str = "a.gen.code.head.weight";
 
@@ -655,69 +666,31 @@ fn build_step(
             pos.write_i32(&(p0..p0 + t_len).map(|p| p as i32).collect::<Vec<_>>())?;
             let mask = if t_len > 1 {
                 let m = c.new_f32(&[n_kv, t_len])?;
-                let mut v = vec![0f32; n_kv * t_len];
-                for t in 0..t_len {
-                    for n in 0..n_kv {
-                        if n > p0 + t {
-                            v[t * n_kv + n] = f32::NEG_INFINITY;
-                        }
-                    }
-                }
-                m.write_f32(&v)?;
+                m.write_f32(&qwen3::causal_mask(t_len, p0))?;
                 Some(m)
             } else {
                 None
             };
             let mut outs = Vec::new();
-            let (hd, nh, nkv) = (g.head_dim, g.n_head, g.n_head_kv);
+            let dims = qwen3::Dims {
+                n_head: g.n_head,
+                n_head_kv: g.n_head_kv,
+                head_dim: g.head_dim,
+                eps: g.eps,
+                theta: g.theta,
+            };
             for l in 0..g.n_layer {
                 let p = |n: &str| get(&format!("a.gen.code.blk.{l}.{n}"));
-                let h = c.mul(c.rms_norm(x, g.eps)?, p("ln1.weight")?)?;
-                let q = c.reshape(
-                    layer_product(c, p("attn_q.weight")?, h, kernel)?,
-                    [hd, nh, t_len],
-                )?;
-                let q = c.mul(c.rms_norm(q, g.eps)?, p("attn_q_norm.weight")?)?;
-                let q = c.rope_neox(q, pos, hd, g.theta)?;
-                let k = c.reshape(
-                    layer_product(c, p("attn_k.weight")?, h, kernel)?,
-                    [hd, nkv, t_len],
-                )?;
-                let k = c.mul(c.rms_norm(k, g.eps)?, p("attn_k_norm.weight")?)?;
-                let k = c.rope_neox(k, pos, hd, g.theta)?;
-                let v = c.reshape(
-                    layer_product(c, p("attn_v.weight")?, h, kernel)?,
-                    [hd, nkv, t_len],
-                )?;
-                // Keys and values of positions 0..n_kv, [hd, nkv, n_kv]: from the cache, after
-                // writing this step's rows into it, or straight from this graph.
-                let (keys, vals) = if cached {
-                    let (ck, cv) = (get(&format!("cache.k.{l}"))?, get(&format!("cache.v.{l}"))?);
-                    let nb = [4, 4 * hd, 4 * hd * nkv];
-                    outs.push(c.copy_into(k, c.view(ck, [hd, nkv, t_len], nb, p0 * nb[2])?)?);
-                    outs.push(c.copy_into(v, c.view(cv, [hd, nkv, t_len], nb, p0 * nb[2])?)?);
-                    (
-                        c.view(ck, [hd, nkv, n_kv], nb, 0)?,
-                        c.view(cv, [hd, nkv, n_kv], nb, 0)?,
-                    )
+                let kv = if cached {
+                    qwen3::Kv::Cache {
+                        k: get(&format!("cache.k.{l}"))?,
+                        v: get(&format!("cache.v.{l}"))?,
+                        p0,
+                    }
                 } else {
-                    (k, v)
+                    qwen3::Kv::Inline
                 };
-                let keys = c.permute(keys, [0, 2, 1, 3])?;
-                let vals = c.cont(c.permute(vals, [1, 2, 0, 3])?)?;
-                let qp = c.permute(q, [0, 2, 1, 3])?;
-                let kq = c.mul_mat(keys, qp)?;
-                let kq = c.soft_max(kq, mask, 1.0 / (hd as f32).sqrt())?;
-                let kqv = c.mul_mat(vals, kq)?;
-                let o = c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, t_len, 1])?;
-                x = c.add(x, layer_product(c, p("attn_out.weight")?, o, kernel)?)?;
-                let h = c.mul(c.rms_norm(x, g.eps)?, p("ln2.weight")?)?;
-                let gate = c.silu(layer_product(c, p("ffn_gate.weight")?, h, kernel)?)?;
-                let up = layer_product(c, p("ffn_up.weight")?, h, kernel)?;
-                x = c.add(
-                    x,
-                    layer_product(c, p("ffn_down.weight")?, c.mul(gate, up)?, kernel)?,
-                )?;
+                x = qwen3::layer(c, &p, NAMES, dims, x, pos, mask, kv, kernel, &mut outs)?;
             }
             let hidden = c
                 .mul(c.rms_norm(x, g.eps)?, get("a.gen.code.output_norm.weight")?)?
@@ -747,7 +720,7 @@ fn build_steps(
 /// load or by [`CodePredictor::set_layer_kernel`], see [`packs`]), other q4_K and q8_0 rows by
 /// [`q4k::mat_vnni`] and [`q8::mat_vnni`], unless `kernel` is [`LayerKernel::Ggml`] (the only
 /// one set without the CPU's features).
-fn layer_product<'a>(
+pub(crate) fn layer_product<'a>(
     c: &'a Context,
     w: Tensor<'a>,
     x: Tensor<'a>,

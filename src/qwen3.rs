@@ -1,0 +1,144 @@
+//! The Qwen3 decoder layer, as a ggml graph: the block both the talker (28 layers) and the code
+//! predictor (5 layers) stack.
+//!
+//! Model: `Qwen3TTSTalkerDecoderLayer` and `Qwen3TTSDecoderLayer` (PyPI `qwen-tts` 0.1.1,
+//! `qwen_tts/core/models/modeling_qwen3_tts.py`); MODEL-NOTES.md §4.5 and §6: pre-RMSNorm, per-head
+//! q/k RMSNorm before NeoX RoPE over the whole head, grouped-query attention, SwiGLU, no biases.
+//! The talker's interleaved M-RoPE gives every section the same position, so it is this RoPE too.
+//!
+//! Contract: [`layer`] appends one layer to a graph under construction and returns the new
+//! residual stream; the caller owns the weights, the KV cache and the positions. A cached layer
+//! writes its keys and values into the caller's cache (the returned `writes` must be computed
+//! before the nodes that read them, so the caller lists them first among the graph's outputs).
+
+use crate::code_predictor::{layer_product, LayerKernel};
+use crate::ffi::{Context, GgmlError, Tensor};
+
+/// The attention geometry of a layer stack.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Dims {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// RoPE base.
+    pub theta: f32,
+}
+
+/// The names of a layer's three tensors that the two files name differently (llama.cpp's talker
+/// names, the mmproj's code-predictor names); the others are `attn_{q,k,v}`, `attn_{q,k}_norm`,
+/// `ffn_{gate,up,down}` in both.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Names {
+    /// The attention's input norm.
+    pub attn_norm: &'static str,
+    /// The attention's output projection.
+    pub attn_out: &'static str,
+    /// The feed-forward's input norm.
+    pub ffn_norm: &'static str,
+}
+
+/// Where a layer's keys and values come from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kv<'a> {
+    /// From this graph's rows only (no cache): the reference the cached graphs are tested
+    /// against.
+    Inline,
+    /// Written into a cache at positions `p0..p0 + rows`, then read back for positions
+    /// `0..p0 + rows`. `k` is `[head_dim, n_head_kv, n_ctx]`; `v` is stored transposed,
+    /// `[n_ctx, head_dim · n_head_kv]`, so that the weighted sum of values reads whole rows
+    /// (f32 or f16, either).
+    Cache {
+        /// Key cache.
+        k: Tensor<'a>,
+        /// Value cache, transposed.
+        v: Tensor<'a>,
+        /// The first position this graph writes.
+        p0: usize,
+    },
+}
+
+/// Appends one layer to a graph: `x` is the residual stream (`[n_embd, rows]`), `pos` the rows'
+/// positions (i32), `mask` the causal mask when `rows > 1` (`[n_kv, rows]`), `w(name)` the layer's
+/// tensor of that name. Returns the new residual stream; cache writes are pushed to `writes`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn layer<'a>(
+    c: &'a Context,
+    w: &dyn Fn(&str) -> Result<Tensor<'a>, GgmlError>,
+    names: Names,
+    d: Dims,
+    x: Tensor<'a>,
+    pos: Tensor<'a>,
+    mask: Option<Tensor<'a>>,
+    kv: Kv<'a>,
+    kernel: LayerKernel,
+    writes: &mut Vec<Tensor<'a>>,
+) -> Result<Tensor<'a>, GgmlError> {
+    let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
+    let rows = x.ne()[1];
+    let h = c.mul(c.rms_norm(x, d.eps)?, w(names.attn_norm)?)?;
+    let q = c.reshape(
+        layer_product(c, w("attn_q.weight")?, h, kernel)?,
+        [hd, nh, rows],
+    )?;
+    let q = c.mul(c.rms_norm(q, d.eps)?, w("attn_q_norm.weight")?)?;
+    let q = c.rope_neox(q, pos, hd, d.theta)?;
+    let k = c.reshape(
+        layer_product(c, w("attn_k.weight")?, h, kernel)?,
+        [hd, nkv, rows],
+    )?;
+    let k = c.mul(c.rms_norm(k, d.eps)?, w("attn_k_norm.weight")?)?;
+    let k = c.rope_neox(k, pos, hd, d.theta)?;
+    let v = layer_product(c, w("attn_v.weight")?, h, kernel)?;
+    // Keys as [hd, n_kv, nkv] and values as [n_kv, hd, nkv] (positions first, for the sum).
+    let (keys, vals) = match kv {
+        Kv::Inline => (
+            c.permute(k, [0, 2, 1, 3])?,
+            c.cont(c.permute(c.reshape(v, [hd, nkv, rows])?, [1, 2, 0, 3])?)?,
+        ),
+        Kv::Cache { k: ck, v: cv, p0 } => {
+            let n_ctx = ck.ne()[2];
+            let n_kv = p0 + rows;
+            let esz = ck.nbytes() / ck.n_elems();
+            let kb = [esz, esz * hd, esz * hd * nkv];
+            writes.push(c.copy_into(k, c.view(ck, [hd, nkv, rows], kb, p0 * kb[2])?)?);
+            let vsz = cv.nbytes() / cv.n_elems();
+            let vt = c.permute(c.reshape(v, [hd * nkv, rows, 1])?, [1, 0, 2, 3])?;
+            let vb = [vsz, vsz * n_ctx, vsz * n_ctx * hd * nkv];
+            writes.push(c.copy_into(vt, c.view(cv, [rows, hd * nkv, 1], vb, p0 * vsz)?)?);
+            (
+                c.permute(c.view(ck, [hd, nkv, n_kv], kb, 0)?, [0, 2, 1, 3])?,
+                c.view(cv, [n_kv, hd, nkv], [vsz, vsz * n_ctx, vsz * n_ctx * hd], 0)?,
+            )
+        }
+    };
+    let kq = c.mul_mat(keys, c.permute(q, [0, 2, 1, 3])?)?;
+    let kq = c.soft_max(kq, mask, 1.0 / (hd as f32).sqrt())?;
+    let kqv = c.mul_mat(vals, kq)?;
+    let o = c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, rows, 1])?;
+    let x = c.add(x, layer_product(c, w(names.attn_out)?, o, kernel)?)?;
+    let h = c.mul(c.rms_norm(x, d.eps)?, w(names.ffn_norm)?)?;
+    let gate = c.silu(layer_product(c, w("ffn_gate.weight")?, h, kernel)?)?;
+    let up = layer_product(c, w("ffn_up.weight")?, h, kernel)?;
+    c.add(
+        x,
+        layer_product(c, w("ffn_down.weight")?, c.mul(gate, up)?, kernel)?,
+    )
+}
+
+/// The causal mask of `rows` rows at positions `p0..p0 + rows` over keys `0..p0 + rows`
+/// (`[n_kv, rows]` values, 0 where a row sees a key, −∞ where it does not).
+pub(crate) fn causal_mask(rows: usize, p0: usize) -> Vec<f32> {
+    let n_kv = p0 + rows;
+    let mut v = vec![0f32; n_kv * rows];
+    for t in 0..rows {
+        for n in p0 + t + 1..n_kv {
+            v[t * n_kv + n] = f32::NEG_INFINITY;
+        }
+    }
+    v
+}
