@@ -155,7 +155,7 @@ fn product_names(n_layer: usize) -> Vec<String> {
 }
 
 /// Whether a weight of type `ty` and shape `ne` is packed under `kernel`.
-fn packs(kernel: LayerKernel, ty: GgmlType, ne: &[usize]) -> bool {
+pub(crate) fn packs(kernel: LayerKernel, ty: GgmlType, ne: &[usize]) -> bool {
     kernel == LayerKernel::Packed && ty == GgmlType::Q4K && q4k16::fits(ne[1], ne[0])
 }
 

@@ -1010,15 +1010,24 @@ pub struct Graph<'ctx> {
 impl Graph<'_> {
     /// Computes the graph on `pool`; the work buffer grows once and is reused.
     pub fn compute(&mut self, pool: &Threadpool) -> Result<(), GgmlError> {
-        // SAFETY: the graph and pool are live; the plan's work buffer points into self.work, which
+        let mut work = std::mem::take(&mut self.work);
+        let r = self.compute_with(pool, &mut work);
+        self.work = work;
+        r
+    }
+
+    /// As [`Graph::compute`], with the caller's work buffer (grown as needed): for graphs built
+    /// anew at every step in a reused context, so that the buffer outlives them.
+    pub fn compute_with(&mut self, pool: &Threadpool, work: &mut Vec<u8>) -> Result<(), GgmlError> {
+        // SAFETY: the graph and pool are live; the plan's work buffer points into `work`, which
         // is at least work_size bytes and outlives the compute call.
         let status = unsafe {
             let mut plan =
                 sys::ggml_graph_plan(self.ptr.as_ptr(), pool.n_threads() as i32, pool.as_ptr());
-            if self.work.len() < plan.work_size {
-                self.work.resize(plan.work_size, 0);
+            if work.len() < plan.work_size {
+                work.resize(plan.work_size, 0);
             }
-            plan.work_data = self.work.as_mut_ptr();
+            plan.work_data = work.as_mut_ptr();
             sys::ggml_graph_compute(self.ptr.as_ptr(), &mut plan)
         };
         if status != sys::GGML_STATUS_SUCCESS {

@@ -1,5 +1,6 @@
-//! The talker: a 28-layer Qwen3 LM on llama.cpp that turns the prompt into codebook 0, one code per
-//! 80 ms frame, and the prompt it is fed.
+//! The talker: a 28-layer Qwen3 LM that turns the prompt into codebook 0, one code per 80 ms
+//! frame, and the prompt it is fed; run by llama.cpp or by this crate's own graph of the same
+//! layers ([`Runtime`]).
 //!
 //! Model: Qwen3-TTS-12Hz `Qwen3TTSTalkerForConditionalGeneration` and the prompt built by
 //! `Qwen3TTSForConditionalGeneration.generate` (PyPI `qwen-tts` 0.1.1,
@@ -13,8 +14,8 @@
 //!   carried in it, and computes the constant `tts_pad`, `tts_bos` and `tts_eos` rows once.
 //! - [`Talker::prompt`] builds an utterance's prefill rows and trailing text rows; an unknown
 //!   speaker, language or instruction for the loaded model is a typed [`TalkerError`].
-//! - A [`Session`] holds the llama.cpp context (the KV cache of one utterance at a time) and the
-//!   logits processors and sampler of codebook 0. [`Session::start`] clears the cache and runs the
+//! - A [`Session`] holds the KV cache of one utterance at a time (a llama.cpp context, or a
+//!   [`graph::State`]) and the logits processors and sampler of codebook 0. [`Session::start`] clears the cache and runs the
 //!   prefill; [`Session::feed`] takes the embedded codes of the frame just produced (see
 //!   [`crate::code_predictor::CodePredictor::embed_frame`]) and runs one step. Each returns the
 //!   next codebook-0 code or why the utterance stopped. After [`Session::new`], neither allocates
@@ -22,8 +23,11 @@
 //! - Threads: a session runs on the calling thread and llama.cpp's threads (its own count, or a
 //!   caller's [`Threadpool`]); nothing here spawns a thread.
 
+pub mod graph;
+
 use std::path::{Path, PathBuf};
 
+use crate::code_predictor::LayerKernel;
 use crate::error::ModelError;
 use crate::ffi::{EmbdBatch, GgmlError, LlamaContext, LlamaModel, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
@@ -244,10 +248,38 @@ impl GenOptions {
     }
 }
 
+/// What runs the talker's layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    /// llama.cpp's `qwen3tts` graph and its kernels.
+    LlamaCpp,
+    /// This crate's graph of the same layers ([`graph`]), with its products by `LayerKernel`
+    /// (q4_K and q8_0 matrices; f16 and f32 ones by ggml's `mul_mat` under every kernel).
+    Graph(LayerKernel),
+}
+
+impl Runtime {
+    /// The fastest on this CPU: the own graph with the packed q4_K kernel where the CPU has
+    /// AVX-512 VNNI, else llama.cpp.
+    pub fn fastest() -> Self {
+        match LayerKernel::fastest() {
+            LayerKernel::Ggml => Runtime::LlamaCpp,
+            k => Runtime::Graph(k),
+        }
+    }
+}
+
+/// The talker's layers, as loaded for their runtime.
+#[derive(Debug)]
+enum Layers {
+    Llama(LlamaModel),
+    Graph(graph::Layers),
+}
+
 /// The talker model, its tokenizer and its constant rows.
 #[derive(Debug)]
 pub struct Talker {
-    model: LlamaModel,
+    layers: Layers,
     file: GgufFile,
     config: TtsConfig,
     generation: GenerationConfig,
@@ -342,20 +374,40 @@ fn config_from_vocab(
 }
 
 impl Talker {
-    /// Loads a talker GGUF: one written by `qtts convert` carries the checkpoint's config JSON
-    /// (speakers, languages, special ids); for one without it (llama.cpp's own conversions) they
-    /// are read from the vocabulary's token names (see `config_from_vocab`).
+    /// Loads a talker GGUF for [`Runtime::fastest`]: one written by `qtts convert` carries the
+    /// checkpoint's config JSON (speakers, languages, special ids); for one without it
+    /// (llama.cpp's own conversions) they are read from the vocabulary's token names (see
+    /// `config_from_vocab`).
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
+        Self::load_with(path, Runtime::fastest())
+    }
+
+    /// As [`Talker::load`], for `runtime`. The VNNI kernels without the CPU's features are
+    /// refused.
+    pub fn load_with(path: impl AsRef<Path>, runtime: Runtime) -> Result<Self, ModelError> {
         let path = path.as_ref();
-        let model = LlamaModel::load(path)?;
+        if matches!(runtime, Runtime::Graph(k) if k != LayerKernel::Ggml)
+            && !crate::code_predictor::q4k::available()
+        {
+            return Err(ModelError::Unsupported {
+                what: "VNNI q4_K and q8_0 products".into(),
+                expected: "a CPU with AVX-512 F, BW, VL, VNNI and F16C".into(),
+                found: "a CPU without them".into(),
+            });
+        }
         let file = GgufFile::open(path)?;
+        let geometry = crate::model::validate::check_talker(path, &file.header)?;
+        let layers = match runtime {
+            Runtime::LlamaCpp => Layers::Llama(LlamaModel::load_unvalidated(path)?),
+            Runtime::Graph(kernel) => Layers::Graph(graph::Layers::load(&file, kernel)?),
+        };
         let h = &file.header;
         let text = |key: &str| {
             h.get(key)
                 .and_then(Value::as_str)
                 .ok_or_else(|| missing_key(path, key))
         };
-        let n_embd = model.n_embd();
+        let n_embd = geometry.n_embd as usize;
         let strings = |key: &str| match h.get(key).and_then(Value::as_array) {
             Some(crate::gguf::Array::Str(v)) => Ok(v),
             _ => Err(missing_key(path, key)),
@@ -400,7 +452,7 @@ impl Talker {
         let embd_ty = info.ty;
         let embd_row = embd_ty.nbytes(&[n_embd as u64]).unwrap_or(0) as usize;
         let mut t = Talker {
-            model,
+            layers,
             file,
             config,
             generation,
@@ -446,9 +498,12 @@ impl Talker {
         self.n_embd
     }
 
-    /// The llama.cpp model.
-    pub fn model(&self) -> &LlamaModel {
-        &self.model
+    /// What runs the layers.
+    pub fn runtime(&self) -> Runtime {
+        match &self.layers {
+            Layers::Llama(_) => Runtime::LlamaCpp,
+            Layers::Graph(l) => Runtime::Graph(l.kernel()),
+        }
     }
 
     /// The runaway guard: the most frames an utterance of `text_tokens` tokens may take, 40 plus 8
@@ -718,14 +773,13 @@ impl Talker {
     }
 }
 
-/// A llama.cpp context over a [`Talker`]: the KV cache of one utterance at a time, the logits
-/// processors and the codebook-0 sampler.
+/// The KV cache of one utterance at a time over a [`Talker`], the logits processors and the
+/// codebook-0 sampler.
 #[derive(Debug)]
 pub struct Session<'t> {
     talker: &'t Talker,
-    ctx: LlamaContext<'t>,
+    backend: Backend<'t>,
     n_ctx: usize,
-    batch: EmbdBatch,
     sampler: Sampler,
     options: Option<GenOptions>,
     /// Codebook-0 codes generated in this utterance (the repetition penalty's history).
@@ -761,17 +815,32 @@ impl<'t> Session<'t> {
         pool: Option<(&'t Threadpool, Option<&'t Threadpool>)>,
         exact: bool,
     ) -> Result<Self, TalkerError> {
-        let mut ctx = LlamaContext::with_kv(&talker.model, n_ctx as u32, n_threads, exact)?;
         let pools = pool.map(|(pool, batch)| (pool, batch.unwrap_or(pool)));
-        if let Some((pool, batch)) = pools {
-            ctx.attach_threadpools(pool, batch);
-        }
         let h = talker.n_embd;
+        let backend = match &talker.layers {
+            Layers::Llama(model) => {
+                let mut ctx = LlamaContext::with_kv(model, n_ctx as u32, n_threads, exact)?;
+                if let Some((pool, batch)) = pools {
+                    ctx.attach_threadpools(pool, batch);
+                }
+                Backend::Llama {
+                    ctx,
+                    batch: EmbdBatch::new(64, h),
+                }
+            }
+            Layers::Graph(layers) => Backend::Graph {
+                layers,
+                state: graph::State::new(layers, n_ctx, exact)?,
+                own_pool: match pools {
+                    Some(_) => None,
+                    None => Some(Threadpool::new(n_threads.max(1), &[])?),
+                },
+            },
+        };
         Ok(Session {
             talker,
-            ctx,
+            backend,
             n_ctx,
-            batch: EmbdBatch::new(64, h),
             sampler: Sampler::new(0),
             options: None,
             seen: vec![false; CODEC_VOCAB],
@@ -807,7 +876,10 @@ impl<'t> Session<'t> {
 
     /// The raw codec logits of the last position, before any processor (3072 values).
     pub fn raw_logits(&self) -> Option<&[f32]> {
-        codec_logits(&self.ctx)
+        match &self.backend {
+            Backend::Llama { ctx, .. } => codec_logits(ctx),
+            Backend::Graph { state, .. } => Some(state.logits()),
+        }
     }
 
     /// The row fed at the last step (tests compare it with the reference's step inputs).
@@ -861,11 +933,17 @@ impl<'t> Session<'t> {
         };
         // Until this prefill succeeds the cache holds nothing reusable.
         self.cached.clear();
-        self.reused = if same > 0 && self.ctx.truncate(same) {
-            same
-        } else {
-            self.ctx.clear();
-            0
+        self.reused = match &mut self.backend {
+            Backend::Llama { ctx, .. } => {
+                if same > 0 && ctx.truncate(same) {
+                    same
+                } else {
+                    ctx.clear();
+                    0
+                }
+            }
+            // Positions past the kept rows are overwritten before they are read.
+            Backend::Graph { .. } => same,
         };
         self.options = Some(*opts);
         self.sampler = Sampler::new(opts.seed);
@@ -882,22 +960,34 @@ impl<'t> Session<'t> {
             self.options = None;
             return Ok(Next::Stop(StopReason::FrameCap { frames: 0 }));
         }
-        if self.batch.capacity() < n {
-            self.batch = EmbdBatch::new(n, h);
-        }
-        self.batch.clear();
-        for (i, row) in prompt.rows.chunks_exact(h).enumerate().skip(self.reused) {
-            self.batch.push(row, i as i32, i + 1 == n)?;
-        }
-        // The whole prefill on the prefill pool, even a single remaining row (which llama.cpp
-        // would otherwise give the step pool).
-        if let Some((pool, batch)) = self.pools {
-            self.ctx.attach_threadpools(batch, batch);
-            let r = self.ctx.decode(&mut self.batch);
-            self.ctx.attach_threadpools(pool, batch);
-            r?;
-        } else {
-            self.ctx.decode(&mut self.batch)?;
+        match &mut self.backend {
+            Backend::Llama { ctx, batch } => {
+                if batch.capacity() < n {
+                    *batch = EmbdBatch::new(n, h);
+                }
+                batch.clear();
+                for (i, row) in prompt.rows.chunks_exact(h).enumerate().skip(self.reused) {
+                    batch.push(row, i as i32, i + 1 == n)?;
+                }
+                // The whole prefill on the prefill pool, even a single remaining row (which
+                // llama.cpp would otherwise give the step pool).
+                if let Some((pool, prefill)) = self.pools {
+                    ctx.attach_threadpools(prefill, prefill);
+                    let r = ctx.decode(batch);
+                    ctx.attach_threadpools(pool, prefill);
+                    r?;
+                } else {
+                    ctx.decode(batch)?;
+                }
+            }
+            Backend::Graph {
+                layers,
+                state,
+                own_pool,
+            } => {
+                let pool = graph_pool(self.pools.map(|p| p.1), own_pool)?;
+                state.run(layers, &prompt.rows[self.reused * h..], self.reused, pool)?;
+            }
         }
         if !self.exact {
             self.cached.extend_from_slice(&prompt.rows);
@@ -934,9 +1024,21 @@ impl<'t> Session<'t> {
         for ((o, e), t) in self.input.iter_mut().zip(embedded).zip(text) {
             *o = e + t;
         }
-        self.batch.clear();
-        self.batch.push(&self.input, self.pos as i32, true)?;
-        self.ctx.decode(&mut self.batch)?;
+        match &mut self.backend {
+            Backend::Llama { ctx, batch } => {
+                batch.clear();
+                batch.push(&self.input, self.pos as i32, true)?;
+                ctx.decode(batch)?;
+            }
+            Backend::Graph {
+                layers,
+                state,
+                own_pool,
+            } => {
+                let pool = graph_pool(self.pools.map(|p| p.0), own_pool)?;
+                state.run(layers, &self.input, self.pos, pool)?;
+            }
+        }
         self.pos += 1;
         self.next()
     }
@@ -960,9 +1062,14 @@ impl<'t> Session<'t> {
                 found: "none".into(),
             })
         };
-        let hidden = self.ctx.embeddings(-1).ok_or_else(missing)?;
+        let (hidden, raw) = match &self.backend {
+            Backend::Llama { ctx, .. } => (
+                ctx.embeddings(-1).ok_or_else(missing)?,
+                codec_logits(ctx).ok_or_else(missing)?,
+            ),
+            Backend::Graph { state, .. } => (state.hidden(), state.logits()),
+        };
         self.hidden.copy_from_slice(hidden);
-        let raw = codec_logits(&self.ctx).ok_or_else(missing)?;
         self.logits.copy_from_slice(raw);
         let eos = self.talker.config.talker_config.codec_eos_token_id as usize;
         process_logits(
@@ -981,6 +1088,32 @@ impl<'t> Session<'t> {
         self.frames += 1;
         Ok(Next::Code(code))
     }
+}
+
+/// A session's KV cache and what computes it.
+#[derive(Debug)]
+enum Backend<'t> {
+    Llama {
+        ctx: LlamaContext<'t>,
+        batch: EmbdBatch,
+    },
+    Graph {
+        layers: &'t graph::Layers,
+        state: graph::State,
+        /// The pool when the session was given none.
+        own_pool: Option<Threadpool>,
+    },
+}
+
+/// The given pool, else the session's own.
+fn graph_pool<'a>(
+    given: Option<&'a Threadpool>,
+    own: &'a Option<Threadpool>,
+) -> Result<&'a Threadpool, GgmlError> {
+    given.or(own.as_ref()).ok_or(GgmlError::Threadpool {
+        n_threads: 0,
+        cores: Vec::new(),
+    })
 }
 
 /// The codec logits (the last 3072 of the vocabulary) of the context's last output row.

@@ -1,0 +1,407 @@
+//! The talker's layers on this crate's own ggml graphs ([`super::Runtime::Graph`]): the same
+//! Qwen3 layers as llama.cpp's `qwen3tts` graph ([`crate::qwen3::layer`]), with the products by
+//! the code predictor's kernels, so that a q4_K talker step runs the packed VNNI kernel instead of
+//! llama.cpp's.
+//!
+//! Contract:
+//! - [`Layers::load`] copies the layer matrices, the final norm and the codec rows of the head
+//!   (the last 3072 rows of `output.weight`) out of the mapped file (packing q4_K matrices for
+//!   [`LayerKernel::Packed`]) and releases their pages.
+//! - A [`State`] is one session's KV cache (keys by position, values transposed; f32 for the exact
+//!   path, else f16) and the memory of its step graphs. [`State::run`] computes rows at positions
+//!   `p0..`, leaving the last row's final-normed hidden state and codec logits in
+//!   [`State::hidden`] and [`State::logits`]. A one-row step builds its graph in memory reserved at
+//!   [`State::new`] and allocates nothing once its work buffer has grown; a prefill of several rows
+//!   builds a graph with ggml's allocator (its own buffer, freed after the call).
+
+use super::CODEC_VOCAB;
+use crate::code_predictor::{layer_product, packs, q4k16, LayerKernel};
+use crate::error::ModelError;
+use crate::ffi::{Context, GgmlError, OwnedGraph, Tensor, Threadpool};
+use crate::gguf::{GgmlType, GgufFile, Value};
+use crate::qwen3::{self, Dims, Kv, Names};
+
+/// llama.cpp's names of the talker's layer tensors that the code predictor names differently.
+const NAMES: Names = Names {
+    attn_norm: "attn_norm.weight",
+    attn_out: "attn_output.weight",
+    ffn_norm: "ffn_norm.weight",
+};
+
+/// The layer matrices (the products [`layer_product`] computes).
+const MATRICES: [&str; 7] = [
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_output.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
+];
+
+/// The talker's weights in a ggml context, and how its products run.
+#[derive(Debug)]
+pub struct Layers {
+    dims: Dims,
+    n_layer: usize,
+    n_embd: usize,
+    n_ff: usize,
+    kernel: LayerKernel,
+    weights: Context,
+}
+
+impl Layers {
+    /// Copies the talker's layers, final norm and codec head out of `f` (a validated talker
+    /// file), packing q4_K matrices when `kernel` is [`LayerKernel::Packed`].
+    pub fn load(f: &GgufFile, kernel: LayerKernel) -> Result<Self, ModelError> {
+        let h = &f.header;
+        let a = "qwen3tts";
+        let u = |k: &str| {
+            h.get(&format!("{a}.{k}"))
+                .and_then(Value::as_i64)
+                .unwrap_or(0) as usize
+        };
+        let fl = |k: &str, default: f32| match h.get(&format!("{a}.{k}")) {
+            Some(Value::F32(x)) => *x,
+            _ => default,
+        };
+        let dims = Dims {
+            n_head: u("attention.head_count"),
+            n_head_kv: u("attention.head_count_kv"),
+            head_dim: u("attention.key_length"),
+            eps: fl("attention.layer_norm_rms_epsilon", 1e-6),
+            theta: fl("rope.freq_base", 1e6),
+        };
+        let (n_layer, n_embd, n_ff) = (
+            u("block_count"),
+            u("embedding_length"),
+            u("feed_forward_length"),
+        );
+        let mut names = vec!["output_norm.weight".to_string()];
+        for l in 0..n_layer {
+            for n in [
+                NAMES.attn_norm,
+                NAMES.ffn_norm,
+                "attn_q_norm.weight",
+                "attn_k_norm.weight",
+            ]
+            .into_iter()
+            .chain(MATRICES)
+            {
+                names.push(format!("blk.{l}.{n}"));
+            }
+        }
+        let missing = |n: &str| ModelError::MissingTensor {
+            path: f.path().into(),
+            tensor: n.into(),
+        };
+        let head = h
+            .tensor("output.weight")
+            .ok_or_else(|| missing("output.weight"))?;
+        let head_ne: Vec<usize> = head.ne.iter().map(|&x| x as usize).collect();
+        if head_ne.len() != 2 || head_ne[0] != n_embd || head_ne[1] < CODEC_VOCAB {
+            return Err(ModelError::WrongShape {
+                path: f.path().into(),
+                tensor: "output.weight".into(),
+                expected: vec![n_embd as u64, CODEC_VOCAB as u64],
+                found: head.ne.clone(),
+            });
+        }
+        let mut bytes = 0u64;
+        for n in &names {
+            bytes += h.tensor(n).ok_or_else(|| missing(n))?.nbytes;
+        }
+        bytes += head.nbytes;
+        let weights = Context::new(bytes as usize + (names.len() + 8) * 1024 + (1 << 20))
+            .map_err(ModelError::from)?;
+        for n in &names {
+            let t = h.tensor(n).ok_or_else(|| missing(n))?;
+            let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
+            let w = weights.new_tensor(t.ty, &ne).map_err(ModelError::from)?;
+            // The validated header guarantees the data is inside the file.
+            let data = f.tensor_data(n).ok_or_else(|| missing(n))?;
+            let is_matrix = MATRICES.iter().any(|m| n.ends_with(m));
+            if is_matrix && packs(kernel, t.ty, &ne) && data.len() == w.nbytes() {
+                let mut packed = data.to_vec();
+                q4k16::pack(&mut packed, ne[1], data.len() / ne[1]);
+                w.write_bytes(&packed).map_err(ModelError::from)?;
+            } else {
+                w.write_bytes(data).map_err(ModelError::from)?;
+            }
+            w.set_name(n);
+            f.release(n);
+        }
+        // Only the codec rows of the head: llama.cpp's own conversions carry a row per token of
+        // the unified vocabulary, of which the codec's are the last 3072.
+        let data = f
+            .tensor_data("output.weight")
+            .ok_or_else(|| missing("output.weight"))?;
+        let row = data.len() / head_ne[1];
+        let codec = &data[(head_ne[1] - CODEC_VOCAB) * row..];
+        let w = weights
+            .new_tensor(head.ty, &[n_embd, CODEC_VOCAB])
+            .map_err(ModelError::from)?;
+        if packs(kernel, head.ty, &[n_embd, CODEC_VOCAB]) {
+            let mut packed = codec.to_vec();
+            q4k16::pack(&mut packed, CODEC_VOCAB, row);
+            w.write_bytes(&packed).map_err(ModelError::from)?;
+        } else {
+            w.write_bytes(codec).map_err(ModelError::from)?;
+        }
+        w.set_name("output.weight");
+        f.release("output.weight");
+        Ok(Layers {
+            dims,
+            n_layer,
+            n_embd,
+            n_ff,
+            kernel,
+            weights,
+        })
+    }
+
+    /// The kernel of the products.
+    pub fn kernel(&self) -> LayerKernel {
+        self.kernel
+    }
+
+    /// Bytes of one position's keys and values at `elem` bytes per value.
+    fn kv_bytes(&self, elem: usize) -> usize {
+        2 * self.n_layer * self.dims.head_dim * self.dims.n_head_kv * elem
+    }
+
+    /// An upper bound of a one-row step graph's memory at `n_kv` keys (tensor data, headers and
+    /// the graph).
+    fn step_bytes(&self, n_kv: usize) -> usize {
+        let (d, h, ff) = (self.dims, self.n_embd, self.n_ff);
+        let q = d.n_head * d.head_dim;
+        let per_layer = 64 * 512
+            + 4 * (16 * h + 8 * q + 4 * d.n_head_kv * d.head_dim + 4 * ff)
+            + 4 * 3 * d.n_head * n_kv;
+        // SAFETY: a pure function.
+        let graph = unsafe { crate::ffi::sys::ggml_graph_overhead_custom(2048, false) };
+        (1 << 20) + graph + self.n_layer * per_layer + 4 * (2 * h + 2 * CODEC_VOCAB)
+    }
+
+    /// The graph of `rows` rows at positions `p0..`, over the cache in `cache`: returns its input
+    /// tensors and outputs (cache writes first, then `out.hidden` and `out.logits`).
+    fn build<'a>(
+        &'a self,
+        c: &'a Context,
+        cache: &'a Context,
+        rows: usize,
+        p0: usize,
+    ) -> Result<Built<'a>, GgmlError> {
+        let get = |ctx: &'a Context, n: &str| {
+            ctx.get(n).ok_or(GgmlError::Shape {
+                what: "talker tensor",
+                expected: n.to_owned(),
+                found: "none".into(),
+            })
+        };
+        let h = self.n_embd;
+        let input = c.new_tensor(GgmlType::F32, &[h, rows])?.set_name("in.rows");
+        let pos = c.new_i32(rows)?.set_name("in.pos");
+        let mask = if rows > 1 {
+            Some(
+                c.new_tensor(GgmlType::F32, &[p0 + rows, rows])?
+                    .set_name("in.mask"),
+            )
+        } else {
+            None
+        };
+        let mut outs = Vec::new();
+        let mut x = input;
+        for l in 0..self.n_layer {
+            let w = |n: &str| get(&self.weights, &format!("blk.{l}.{n}"));
+            let kv = Kv::Cache {
+                k: get(cache, &format!("cache.k.{l}"))?,
+                v: get(cache, &format!("cache.v.{l}"))?,
+                p0,
+            };
+            x = qwen3::layer(
+                c,
+                &w,
+                NAMES,
+                self.dims,
+                x,
+                pos,
+                mask,
+                kv,
+                self.kernel,
+                &mut outs,
+            )?;
+        }
+        let last = if rows > 1 {
+            let nb = [4, 4 * h, 4 * h];
+            c.cont(c.view(x, [h, 1, 1], nb, (rows - 1) * 4 * h)?)?
+        } else {
+            x
+        };
+        let hidden = c
+            .mul(
+                c.rms_norm(last, self.dims.eps)?,
+                get(&self.weights, "output_norm.weight")?,
+            )?
+            .set_name("out.hidden");
+        let logits = layer_product(c, get(&self.weights, "output.weight")?, hidden, self.kernel)?
+            .set_name("out.logits");
+        outs.push(hidden);
+        outs.push(logits);
+        Ok(Built {
+            input,
+            pos,
+            mask,
+            hidden,
+            logits,
+            outs,
+        })
+    }
+}
+
+/// A graph under construction: its inputs and outputs.
+struct Built<'a> {
+    input: Tensor<'a>,
+    pos: Tensor<'a>,
+    mask: Option<Tensor<'a>>,
+    hidden: Tensor<'a>,
+    logits: Tensor<'a>,
+    outs: Vec<Tensor<'a>>,
+}
+
+impl Built<'_> {
+    /// Writes the inputs of `rows` (row-major, `n_embd` each) at positions `p0..`.
+    fn write(&self, rows: &[f32], p0: usize) -> Result<(), GgmlError> {
+        let n = self.pos.ne()[0];
+        self.input.write_f32(rows)?;
+        let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();
+        self.pos.write_i32(&pos)?;
+        if let Some(m) = self.mask {
+            m.write_f32(&qwen3::causal_mask(n, p0))?;
+        }
+        Ok(())
+    }
+}
+
+/// One session's KV cache and step memory (see the module's contract).
+#[derive(Debug)]
+pub struct State {
+    n_ctx: usize,
+    /// The step graphs' memory, reset at every step.
+    arena: Context,
+    work: Vec<u8>,
+    hidden: Vec<f32>,
+    logits: Vec<f32>,
+    /// `cache.k.{l}` (`[head_dim, n_head_kv, n_ctx]`) and `cache.v.{l}` (`[n_ctx, head_dim ·
+    /// n_head_kv]`).
+    cache: Context,
+}
+
+impl State {
+    /// A cache of `n_ctx` positions, f32 when `exact`, else f16.
+    pub fn new(layers: &Layers, n_ctx: usize, exact: bool) -> Result<Self, GgmlError> {
+        let d = layers.dims;
+        let (ty, elem) = if exact {
+            (GgmlType::F32, 4)
+        } else {
+            (GgmlType::F16, 2)
+        };
+        let cache = Context::new(n_ctx * layers.kv_bytes(elem) + layers.n_layer * 2048 + 4096)?;
+        for l in 0..layers.n_layer {
+            cache
+                .new_tensor(ty, &[d.head_dim, d.n_head_kv, n_ctx])?
+                .set_name(&format!("cache.k.{l}"));
+            cache
+                .new_tensor(ty, &[n_ctx, d.head_dim * d.n_head_kv])?
+                .set_name(&format!("cache.v.{l}"));
+        }
+        Ok(State {
+            n_ctx,
+            arena: Context::new(layers.step_bytes(n_ctx))?,
+            work: Vec::new(),
+            hidden: vec![0.0; layers.n_embd],
+            logits: vec![0.0; CODEC_VOCAB],
+            cache,
+        })
+    }
+
+    /// Positions the cache holds.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Computes `rows` (whole rows of the talker's width) at positions `p0..` on `pool`; their
+    /// keys and values replace the cache's at those positions, and attention reads positions
+    /// `0..p0 + rows`.
+    pub fn run(
+        &mut self,
+        layers: &Layers,
+        rows: &[f32],
+        p0: usize,
+        pool: &Threadpool,
+    ) -> Result<(), GgmlError> {
+        let h = layers.n_embd;
+        let n = rows.len() / h.max(1);
+        if n == 0 || n * h != rows.len() || p0 + n > self.n_ctx {
+            return Err(GgmlError::Shape {
+                what: "talker rows",
+                expected: format!(
+                    "whole rows of {h} within a context of {} positions",
+                    self.n_ctx
+                ),
+                found: format!("{} values at position {p0}", rows.len()),
+            });
+        }
+        if n == 1 {
+            self.arena.reset();
+            let b = layers.build(&self.arena, &self.cache, 1, p0)?;
+            b.write(rows, p0)?;
+            let mut g = self.arena.graph_of(&b.outs)?;
+            g.compute_with(pool, &mut self.work)?;
+            b.hidden.read_f32(&mut self.hidden)?;
+            return b.logits.read_f32(&mut self.logits);
+        }
+        // SAFETY: the graph reads `layers.weights` and `self.cache`, both borrowed for this whole
+        // call; it is dropped before the call returns.
+        let mut g = unsafe {
+            OwnedGraph::build_allocated(None, |c| {
+                let b = layers.build(c, &self.cache, n, p0)?;
+                Ok(b.outs.into_iter().map(Tensor::node).collect())
+            })?
+        };
+        let port = |name: &'static str| {
+            g.tensor(name).ok_or(GgmlError::Shape {
+                what: "talker graph port",
+                expected: name.into(),
+                found: "none".into(),
+            })
+        };
+        port("in.rows")?.write_f32(rows)?;
+        let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();
+        port("in.pos")?.write_i32(&pos)?;
+        port("in.mask")?.write_f32(&qwen3::causal_mask(n, p0))?;
+        g.compute(pool)?;
+        let g = &g;
+        let read = |name: &'static str, out: &mut [f32]| {
+            g.tensor(name)
+                .ok_or(GgmlError::Shape {
+                    what: "talker graph port",
+                    expected: name.into(),
+                    found: "none".into(),
+                })?
+                .read_f32(out)
+        };
+        read("out.hidden", &mut self.hidden)?;
+        read("out.logits", &mut self.logits)
+    }
+
+    /// The final-normed hidden state of the last row run.
+    pub fn hidden(&self) -> &[f32] {
+        &self.hidden
+    }
+
+    /// The codec logits (3072) of the last row run.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+}
