@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::Context as _;
 use qtts::bench::{self, Medians, ReferenceReport, Row, RunReport};
-use qtts::engine::{DecoderWeights, EngineConfig, LayerKernel, ThreadPlan};
+use qtts::engine::{DecoderWeights, EngineConfig, LayerKernel, TalkerRuntime, ThreadPlan};
 use qtts::model::config::Preset;
 use qtts::model::convert::OutType;
 
@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// vnni-rows, vnni-packed; each is measured with each type, decoder and plan.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     pub cp_kernel: Vec<CpKernelArg>,
+    /// What runs the talker, comma-separated: auto (the engine's), llama (llama.cpp), graph (the
+    /// crate's graph, packed VNNI kernel), graph-ggml (the crate's graph, ggml's products).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
+    pub talker: Vec<TalkerArg>,
     /// Thread plans, comma-separated; each is measured with each type and decoder.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "default")]
     pub plan: Vec<PlanArg>,
@@ -142,6 +146,44 @@ impl CpKernelArg {
     }
 }
 
+/// What runs the talker on the command line (the engine's `TalkerRuntime`, or auto).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TalkerArg {
+    /// The engine's default ([`TalkerRuntime::fastest`]).
+    Auto,
+    /// llama.cpp.
+    Llama,
+    /// The crate's graph with the code predictor's fastest kernel.
+    Graph,
+    /// The crate's graph with ggml's products.
+    GraphGgml,
+}
+
+impl TalkerArg {
+    /// What the engine takes.
+    pub fn runtime(self) -> TalkerRuntime {
+        match self {
+            TalkerArg::Auto => TalkerRuntime::fastest(),
+            TalkerArg::Llama => TalkerRuntime::LlamaCpp,
+            TalkerArg::Graph => TalkerRuntime::Graph(LayerKernel::fastest()),
+            TalkerArg::GraphGgml => TalkerRuntime::Graph(LayerKernel::Ggml),
+        }
+    }
+
+    /// The argument naming `r`.
+    fn of(r: TalkerRuntime) -> Self {
+        match r {
+            TalkerRuntime::LlamaCpp => TalkerArg::Llama,
+            TalkerRuntime::Graph(LayerKernel::Ggml) => TalkerArg::GraphGgml,
+            TalkerRuntime::Graph(_) => TalkerArg::Graph,
+        }
+    }
+
+    fn name(self) -> String {
+        arg_name(self)
+    }
+}
+
 /// Thread plans to compare (2 or more cores; on one core every plan is the default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlanArg {
@@ -206,6 +248,8 @@ pub struct RunArgs {
     plan: PlanArg,
     #[arg(long, value_enum, default_value = "auto")]
     cp_kernel: CpKernelArg,
+    #[arg(long = "talker-runtime", value_enum, default_value = "auto")]
+    talker_runtime: TalkerArg,
 }
 
 /// `qtts bench-run`.
@@ -220,6 +264,7 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
         decoder_chunk: a.decoder_chunk.unwrap_or(default.decoder_chunk),
         plan: a.plan.plan(ThreadPlan::available_cores()),
         cp_kernel: a.cp_kernel.kernel(),
+        talker: a.talker_runtime.runtime(),
         ..default
     };
     let report = bench::measure(&files, config, a.frames, a.prebuffer_ms)?;
@@ -227,14 +272,37 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn child(
-    exe: &Path,
-    files: &qtts::engine::ModelFiles,
+/// One measured configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Config {
+    ty: OutType,
     decoder: DecoderWeights,
     plan: PlanArg,
     cp_kernel: LayerKernel,
-    a: &BenchArgs,
-) -> anyhow::Result<RunReport> {
+    talker: TalkerRuntime,
+}
+
+impl Config {
+    /// The configuration's label: the plan and the kernels are named when they are not the
+    /// defaults.
+    fn label(&self) -> String {
+        let mut l = format!("{} (dec {}", self.ty.name(), self.decoder.name());
+        if self.plan != PlanArg::Default {
+            l += &format!(", {}", self.plan.name());
+        }
+        if self.cp_kernel != LayerKernel::fastest() {
+            l += &format!(", cp {}", CpKernelArg::of(self.cp_kernel).name());
+        }
+        if self.talker != TalkerRuntime::fastest() {
+            l += &format!(", talker {}", TalkerArg::of(self.talker).name());
+        }
+        l + ")"
+    }
+}
+
+fn child(exe: &Path, dir: &Path, c: Config, a: &BenchArgs) -> anyhow::Result<RunReport> {
+    let files = bench::model_files(dir, c.ty);
+    let files = &files;
     let mut cmd = Command::new(exe);
     cmd.arg("bench-run")
         .arg("--talker")
@@ -246,10 +314,12 @@ fn child(
         .arg("--prebuffer-ms")
         .arg(a.prebuffer_ms.to_string());
     // The parent resolves `auto`, so that the table names what ran.
-    cmd.arg("--decoder").arg(decoder.name());
-    cmd.arg("--plan").arg(plan.name());
+    cmd.arg("--decoder").arg(c.decoder.name());
+    cmd.arg("--plan").arg(c.plan.name());
     cmd.arg("--cp-kernel")
-        .arg(CpKernelArg::of(cp_kernel).name());
+        .arg(CpKernelArg::of(c.cp_kernel).name());
+    cmd.arg("--talker-runtime")
+        .arg(TalkerArg::of(c.talker).name());
     if let Some(n) = a.decoder_chunk {
         cmd.arg("--decoder-chunk").arg(n.to_string());
     }
@@ -380,28 +450,30 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             kernels.push(k.kernel());
         }
     }
-    let mut configs: Vec<(OutType, DecoderWeights, PlanArg, LayerKernel)> = Vec::new();
+    let mut talkers: Vec<TalkerRuntime> = Vec::new();
+    for t in &a.talker {
+        if !talkers.contains(&t.runtime()) {
+            talkers.push(t.runtime());
+        }
+    }
+    let mut configs: Vec<Config> = Vec::new();
     for &ty in &a.types {
-        for &d in &decoders {
-            for &p in &plans {
-                for &k in &kernels {
-                    configs.push((ty, d, p, k));
+        for &decoder in &decoders {
+            for &plan in &plans {
+                for &cp_kernel in &kernels {
+                    for &talker in &talkers {
+                        configs.push(Config {
+                            ty,
+                            decoder,
+                            plan,
+                            cp_kernel,
+                            talker,
+                        });
+                    }
                 }
             }
         }
     }
-    // The label of a configuration: the plan and the kernel are named when they are not the
-    // defaults.
-    let label = |ty: OutType, dec: DecoderWeights, plan: PlanArg, k: LayerKernel| {
-        let mut l = format!("{} (dec {}", ty.name(), dec.name());
-        if plan != PlanArg::Default {
-            l += &format!(", {}", plan.name());
-        }
-        if k != LayerKernel::fastest() {
-            l += &format!(", cp {}", CpKernelArg::of(k).name());
-        }
-        l + ")"
-    };
     let names: Vec<&str> = decoders.iter().map(|d| d.name()).collect();
     eprintln!(
         "bench: {preset_name} random weights in {}, {} frames ({:.1} s of audio) per run, {} rounds, \
@@ -417,11 +489,11 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); configs.len()];
     let mut refs = Vec::new();
     for round in 0..a.runs {
-        for (i, &(ty, dec, plan, k)) in configs.iter().enumerate() {
-            let r = child(&exe, &bench::model_files(&dir, ty), dec, plan, k, a)?;
+        for (i, &c) in configs.iter().enumerate() {
+            let r = child(&exe, &dir, c, a)?;
             eprintln!(
-                "round {round} {:<28}: RTF {:.3}  TTFA {:.0} ms  underruns {}/{}  peak {:.0} MiB",
-                label(ty, dec, plan, k),
+                "round {round} {:<36}: RTF {:.3}  TTFA {:.0} ms  underruns {}/{}  peak {:.0} MiB",
+                c.label(),
                 r.rtf,
                 r.ttfa_ms,
                 r.underruns,
@@ -440,8 +512,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let rows: Vec<Row> = configs
         .iter()
         .zip(&reports)
-        .map(|(&(ty, dec, plan, k), runs)| Row {
-            label: label(ty, dec, plan, k),
+        .map(|(c, runs)| Row {
+            label: c.label(),
             medians: Medians::of(runs),
         })
         .collect();
@@ -454,12 +526,13 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         let all: Vec<serde_json::Value> = configs
             .iter()
             .zip(&reports)
-            .map(|(&(ty, dec, plan, k), runs)| {
+            .map(|(c, runs)| {
                 serde_json::json!({
-                    "type": ty.name(),
-                    "decoder": dec.name(),
-                    "plan": plan.name(),
-                    "cp_kernel": CpKernelArg::of(k).name(),
+                    "type": c.ty.name(),
+                    "decoder": c.decoder.name(),
+                    "plan": c.plan.name(),
+                    "cp_kernel": CpKernelArg::of(c.cp_kernel).name(),
+                    "talker": TalkerArg::of(c.talker).name(),
                     "runs": runs,
                 })
             })

@@ -50,6 +50,7 @@ use crate::gguf::GgufFile;
 use crate::metrics::{record, Metrics};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::synth::cp_seed;
+pub use crate::talker::Runtime as TalkerRuntime;
 use crate::talker::{
     GenOptions, Next, Prompt, Session, StopReason, Talker, TalkerError, TextInput, TextMode, Voice,
 };
@@ -247,6 +248,9 @@ pub struct EngineConfig {
     /// [`LayerKernel::fastest`] (q4_K rows packed for AVX-512 VNNI where the CPU has it, else
     /// ggml's). Files of f32 or f16 layers are not affected.
     pub cp_kernel: LayerKernel,
+    /// What runs the talker's layers: [`TalkerRuntime::fastest`] (the crate's own graph with the
+    /// packed q4_K kernel where the CPU has AVX-512 VNNI, else llama.cpp).
+    pub talker: TalkerRuntime,
     /// The decoder's matrices: [`DecoderWeights::fastest`] (bf16 where the CPU has AMX, else f32).
     /// `exact` overrides it with f32.
     pub decoder: DecoderWeights,
@@ -267,6 +271,7 @@ impl Default for EngineConfig {
             segment_tokens: crate::text::split::DEFAULT_MAX_TOKENS,
             q8_heads: false,
             cp_kernel: LayerKernel::fastest(),
+            talker: TalkerRuntime::fastest(),
             decoder: DecoderWeights::fastest(),
             burst: true,
         }
@@ -855,7 +860,7 @@ fn talker_thread(
     let setup = (|| -> Result<(Threadpool, Option<Threadpool>, Talker), EngineError> {
         let pool = pin(&cfg.plan.talker)?;
         let burst = burst_pool(&cfg, &cfg.plan.talker)?;
-        let talker = Talker::load(&files.talker)?;
+        let talker = Talker::load_with(&files.talker, cfg.talker)?;
         Ok((pool, burst, talker))
     })();
     let (pool, burst, talker) = match setup {

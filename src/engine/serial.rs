@@ -42,7 +42,7 @@ impl Serial {
         let mut voc = config.decoder.load(&mmproj, config.exact)?;
         voc.set_max_chunk(config.decoder_chunk.max(1));
         Ok(Serial {
-            talker: Talker::load(&files.talker)?,
+            talker: Talker::load_with(&files.talker, config.talker)?,
             cp,
             voc,
             pool: Threadpool::new(threads.max(1), &[])?,
