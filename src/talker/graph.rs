@@ -47,7 +47,9 @@ pub struct Layers {
     n_embd: usize,
     n_ff: usize,
     kernel: LayerKernel,
-    weights: Context,
+    /// One context per layer (tensors named as in a layer: `attn_q.weight`, ...), then one for
+    /// `output_norm.weight` and the codec head's `output.weight`.
+    weights: Vec<Context>,
 }
 
 impl Layers {
@@ -77,20 +79,16 @@ impl Layers {
             u("embedding_length"),
             u("feed_forward_length"),
         );
-        let mut names = vec!["output_norm.weight".to_string()];
-        for l in 0..n_layer {
-            for n in [
-                NAMES.attn_norm,
-                NAMES.ffn_norm,
-                "attn_q_norm.weight",
-                "attn_k_norm.weight",
-            ]
-            .into_iter()
-            .chain(MATRICES)
-            {
-                names.push(format!("blk.{l}.{n}"));
-            }
-        }
+        // Per layer, the names in the file and in the layer's context.
+        let layer_names: Vec<&str> = [
+            NAMES.attn_norm,
+            NAMES.ffn_norm,
+            "attn_q_norm.weight",
+            "attn_k_norm.weight",
+        ]
+        .into_iter()
+        .chain(MATRICES)
+        .collect();
         let missing = |n: &str| ModelError::MissingTensor {
             path: f.path().into(),
             tensor: n.into(),
@@ -107,30 +105,53 @@ impl Layers {
                 found: head.ne.clone(),
             });
         }
-        let mut bytes = 0u64;
-        for n in &names {
-            bytes += h.tensor(n).ok_or_else(|| missing(n))?.nbytes;
-        }
-        bytes += head.nbytes;
-        let weights = Context::new(bytes as usize + (names.len() + 8) * 1024 + (1 << 20))
-            .map_err(ModelError::from)?;
-        for n in &names {
-            let t = h.tensor(n).ok_or_else(|| missing(n))?;
-            let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
-            let w = weights.new_tensor(t.ty, &ne).map_err(ModelError::from)?;
-            // The validated header guarantees the data is inside the file.
-            let data = f.tensor_data(n).ok_or_else(|| missing(n))?;
-            let is_matrix = MATRICES.iter().any(|m| n.ends_with(m));
-            if is_matrix && packs(kernel, t.ty, &ne) && data.len() == w.nbytes() {
-                let mut packed = data.to_vec();
-                q4k16::pack(&mut packed, ne[1], data.len() / ne[1]);
-                w.write_bytes(&packed).map_err(ModelError::from)?;
-            } else {
-                w.write_bytes(data).map_err(ModelError::from)?;
+        // One context per layer (and one for the rest): a graph build looks each weight up by
+        // name, and ggml's lookup scans its context.
+        let mut weights = Vec::with_capacity(n_layer + 1);
+        for l in 0..n_layer {
+            let file_name = |n: &str| format!("blk.{l}.{n}");
+            let mut bytes = 0u64;
+            for n in &layer_names {
+                bytes += h
+                    .tensor(&file_name(n))
+                    .ok_or_else(|| missing(&file_name(n)))?
+                    .nbytes;
             }
-            w.set_name(n);
-            f.release(n);
+            let ctx = Context::new(bytes as usize + (layer_names.len() + 4) * 1024 + (64 << 10))
+                .map_err(ModelError::from)?;
+            for n in &layer_names {
+                let name = file_name(n);
+                let t = h.tensor(&name).ok_or_else(|| missing(&name))?;
+                let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
+                let w = ctx.new_tensor(t.ty, &ne).map_err(ModelError::from)?;
+                // The validated header guarantees the data is inside the file.
+                let data = f.tensor_data(&name).ok_or_else(|| missing(&name))?;
+                if MATRICES.contains(n) && packs(kernel, t.ty, &ne) && data.len() == w.nbytes() {
+                    let mut packed = data.to_vec();
+                    q4k16::pack(&mut packed, ne[1], data.len() / ne[1]);
+                    w.write_bytes(&packed).map_err(ModelError::from)?;
+                } else {
+                    w.write_bytes(data).map_err(ModelError::from)?;
+                }
+                w.set_name(n);
+                f.release(&name);
+            }
+            weights.push(ctx);
         }
+        let norm = h
+            .tensor("output_norm.weight")
+            .ok_or_else(|| missing("output_norm.weight"))?;
+        let top = Context::new((norm.nbytes + head.nbytes) as usize + (64 << 10))
+            .map_err(ModelError::from)?;
+        let w = top
+            .new_tensor(norm.ty, &[n_embd])
+            .map_err(ModelError::from)?;
+        w.write_bytes(
+            f.tensor_data("output_norm.weight")
+                .ok_or_else(|| missing("output_norm.weight"))?,
+        )
+        .map_err(ModelError::from)?;
+        w.set_name("output_norm.weight");
         // Only the codec rows of the head: llama.cpp's own conversions carry a row per token of
         // the unified vocabulary, of which the codec's are the last 3072.
         let data = f
@@ -138,7 +159,7 @@ impl Layers {
             .ok_or_else(|| missing("output.weight"))?;
         let row = data.len() / head_ne[1];
         let codec = &data[(head_ne[1] - CODEC_VOCAB) * row..];
-        let w = weights
+        let w = top
             .new_tensor(head.ty, &[n_embd, CODEC_VOCAB])
             .map_err(ModelError::from)?;
         if packs(kernel, head.ty, &[n_embd, CODEC_VOCAB]) {
@@ -150,6 +171,7 @@ impl Layers {
         }
         w.set_name("output.weight");
         f.release("output.weight");
+        weights.push(top);
         Ok(Layers {
             dims,
             n_layer,
@@ -213,7 +235,7 @@ impl Layers {
         let mut outs = Vec::new();
         let mut x = input;
         for l in 0..self.n_layer {
-            let w = |n: &str| get(&self.weights, &format!("blk.{l}.{n}"));
+            let w = |n: &str| get(&self.weights[l], n);
             let kv = Kv::Cache {
                 k: get(cache, &format!("cache.k.{l}"))?,
                 v: get(cache, &format!("cache.v.{l}"))?,
@@ -241,10 +263,11 @@ impl Layers {
         let hidden = c
             .mul(
                 c.rms_norm(last, self.dims.eps)?,
-                get(&self.weights, "output_norm.weight")?,
+                get(&self.weights[self.n_layer], "output_norm.weight")?,
             )?
             .set_name("out.hidden");
-        let logits = layer_product(c, get(&self.weights, "output.weight")?, hidden, self.kernel)?
+        let top = &self.weights[self.n_layer];
+        let logits = layer_product(c, get(top, "output.weight")?, hidden, self.kernel)?
             .set_name("out.logits");
         outs.push(hidden);
         outs.push(logits);
