@@ -61,7 +61,7 @@ fn bench(c: &mut Criterion) {
                     Session::new(&talker, 512, threads, Some((&pool, None)), false).unwrap();
                 let row = vec![0.01f32; talker.n_embd()];
                 // Steps at positions 100..300: restart (untimed) when past them.
-                let mut restart = |s: &mut Session| {
+                let restart = |s: &mut Session| {
                     s.start(&prompt, &opts).unwrap();
                     while s.frames() < 100 {
                         s.feed(&row).unwrap();
