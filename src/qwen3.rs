@@ -60,6 +60,23 @@ pub(crate) enum Kv<'a> {
         /// The first position this graph writes.
         p0: usize,
     },
+    /// As `Cache`, with the positions written given at run time: row `i`'s keys go to position
+    /// `k_idx[i]` and its values to the elements `v_idx[i · hd · n_head_kv + j]` of the
+    /// transposed cache seen as one row (`k_idx[i] + n_ctx · j`); attention reads positions
+    /// `0..n_kv`, of which the caller's mask hides those past each row's. One graph then serves
+    /// every position below `n_kv`.
+    Indexed {
+        /// Key cache.
+        k: Tensor<'a>,
+        /// Value cache, transposed.
+        v: Tensor<'a>,
+        /// i32 positions, one per row.
+        k_idx: Tensor<'a>,
+        /// i32 element indices, `hd · n_head_kv` per row.
+        v_idx: Tensor<'a>,
+        /// Keys attended.
+        n_kv: usize,
+    },
 }
 
 /// Appends one layer to a graph: `x` is the residual stream (`[n_embd, rows]`), `pos` the rows'
@@ -110,6 +127,27 @@ pub(crate) fn layer<'a>(
             let vt = c.permute(c.reshape(v, [hd * nkv, rows, 1])?, [1, 0, 2, 3])?;
             let vb = [vsz, vsz * n_ctx, vsz * n_ctx * hd * nkv];
             writes.push(c.copy_into(vt, c.view(cv, [rows, hd * nkv, 1], vb, p0 * vsz)?)?);
+            (
+                c.permute(c.view(ck, [hd, nkv, n_kv], kb, 0)?, [0, 2, 1, 3])?,
+                c.view(cv, [n_kv, hd, nkv], [vsz, vsz * n_ctx, vsz * n_ctx * hd], 0)?,
+            )
+        }
+        Kv::Indexed {
+            k: ck,
+            v: cv,
+            k_idx,
+            v_idx,
+            n_kv,
+        } => {
+            let n_ctx = ck.ne()[2];
+            let esz = ck.nbytes() / ck.n_elems();
+            let kb = [esz, esz * hd, esz * hd * nkv];
+            let keys_2d = c.view(ck, [hd * nkv, n_ctx, 1], [esz, kb[2], kb[2] * n_ctx], 0)?;
+            writes.push(c.set_rows(keys_2d, c.reshape(k, [hd * nkv, rows, 1])?, k_idx)?);
+            let vsz = cv.nbytes() / cv.n_elems();
+            let all = n_ctx * hd * nkv;
+            let vals_1 = c.view(cv, [1, all, 1], [vsz, vsz, vsz * all], 0)?;
+            writes.push(c.set_rows(vals_1, c.reshape(v, [1, hd * nkv * rows, 1])?, v_idx)?);
             (
                 c.permute(c.view(ck, [hd, nkv, n_kv], kb, 0)?, [0, 2, 1, 3])?,
                 c.view(cv, [n_kv, hd, nkv], [vsz, vsz * n_ctx, vsz * n_ctx * hd], 0)?,

@@ -533,7 +533,19 @@ fn shared_prefix_is_reused(talker: &Talker) {
     assert_eq!(warm.reused_rows(), b.len() - 1);
     let el = common::max_abs(warm.raw_logits().unwrap(), &logits);
     let eh = common::max_abs(warm.hidden(), &hidden);
-    assert!(el < 1e-4 && eh < 1e-4, "logits {el}, hidden {eh}");
+    // The reused prompt's last row runs as a step: in the own graph that attends over a whole
+    // block of f16 keys, the later ones masked, which sums in another order than the fresh
+    // prefill's graph (measured 2.2e-4 on logits up to 4; within 1e-4 with blocks of one position);
+    // llama.cpp stays within 1e-4.
+    let scale = logits.iter().fold(1f32, |a, v| a.max(v.abs()));
+    let tol = match talker.runtime() {
+        Runtime::LlamaCpp => 1e-4,
+        Runtime::Graph(_) => 2e-4 * scale,
+    };
+    assert!(
+        el < tol && eh < tol,
+        "logits {el}, hidden {eh}, tolerance {tol}"
+    );
     // Its frames go on from the right position: the next step equals the fresh session's.
     fresh.feed(&row).unwrap();
     warm.feed(&row).unwrap();
@@ -548,9 +560,11 @@ fn shared_prefix_is_reused(talker: &Talker) {
 }
 
 /// The own graph's q4_K talker steps against llama.cpp's on the same file: with f32 caches, the
-/// same logits to 1e-4 (the same ggml products); with the default caches (llama.cpp's q8_0, the
-/// graph's f16) and either kernel, the same greedy codes and logits within the caches' rounding.
-/// A talker of width 256 (q4_K's block) so that its layers are q4_K.
+/// same codes and logits to 1e-4 (the same ggml products); with the default caches (llama.cpp's
+/// q8_0, the graph's f16) and either kernel, the same greedy codes and logits within the caches'
+/// rounding over the first 10 steps.
+/// A talker of width 256 (q4_K's block) so that its layers are q4_K; 120 steps, so that the own
+/// graph's steps cross two blocks of positions.
 #[test]
 fn graph_talker_steps_follow_llama_cpp_at_q4k() {
     let mut cfg =
@@ -577,10 +591,12 @@ fn graph_talker_steps_follow_llama_cpp_at_q4k() {
             )
             .unwrap();
         let h = talker.n_embd();
-        let mut s = Session::new(&talker, 128, 2, None, exact).unwrap();
-        let mut next = s.start(&prompt, &greedy(12)).unwrap();
+        let mut s = Session::new(&talker, 256, 2, None, exact).unwrap();
+        let mut next = s.start(&prompt, &greedy(130)).unwrap();
         let (mut codes, mut logits) = (Vec::new(), Vec::new());
-        for step in 0..10 {
+        // Past position 64 and 128: the own graph's step graphs serve blocks of 64 positions.
+        assert!(prompt.len() < 64 && prompt.len() + 120 > 128);
+        for step in 0..120 {
             logits.extend_from_slice(s.raw_logits().unwrap());
             let Next::Code(c) = next else {
                 panic!("{runtime:?}: stopped at step {step}: {next:?}")
@@ -610,20 +626,19 @@ fn graph_talker_steps_follow_llama_cpp_at_q4k() {
     if qtts::code_predictor::q4k::available() {
         others.push(Runtime::Graph(LayerKernel::Packed));
     }
+    // The two caches' roundings add up over the steps until a greedy pick differs (and then the
+    // fed rows): the first 10 steps.
+    let first = 10;
     for r in others {
         let got = run(r, false);
-        let e = max_abs(&got.1, &llama.1);
-        eprintln!("{r:?} vs llama.cpp: logits max {e:e} of {scale}");
-        assert_eq!(got.0, llama.0, "{r:?}: codes");
+        let e = max_abs(&got.1[..first * 3072], &llama.1[..first * 3072]);
+        eprintln!("{r:?} vs llama.cpp: logits max {e:e} of {scale} over {first} steps");
+        assert_eq!(got.0[..first], llama.0[..first], "{r:?}: codes");
         assert!(e <= 0.05 * scale, "{r:?}: logits {e} of {scale}");
         // Before the codes diverge (the fed rows follow them): the prefill's logits, no further
         // from the exact ones than llama.cpp's (measured: 1.4 % of the largest, llama.cpp 1.8 %).
         let e = max_abs(&got.1[..3072], &graph.1[..3072]);
         eprintln!("{r:?} vs the exact graph: prefill logits max {e:e} of {scale}");
         assert!(e <= 0.03 * scale, "{r:?}: prefill logits {e} of {scale}");
-        if got.0 == graph.0 {
-            let e = max_abs(&got.1, &graph.1);
-            eprintln!("{r:?} vs the exact graph: logits max {e:e} of {scale}");
-        }
     }
 }

@@ -875,6 +875,28 @@ impl<'ctx> Tensor<'ctx> {
         Ok(())
     }
 
+    /// Sets bytes `offset..offset + len` of the tensor's data to zero.
+    pub fn zero_bytes(&self, offset: usize, len: usize) -> Result<(), GgmlError> {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.nbytes())
+        {
+            return Err(GgmlError::Shape {
+                what: "tensor byte range",
+                expected: format!("a range inside {} bytes", self.nbytes()),
+                found: format!("{len} bytes at {offset}"),
+            });
+        }
+        self.check_data()?;
+        // SAFETY: the range lies inside the data (checked above), which exists; no reference
+        // into it exists while it is written.
+        unsafe {
+            let p = sys::ggml_get_data(self.ptr.as_ptr()).cast::<u8>();
+            std::ptr::write_bytes(p.add(offset), 0, len);
+        }
+        Ok(())
+    }
+
     /// The tensor's raw bytes (of its own type).
     pub fn read_bytes(&self) -> Result<Vec<u8>, GgmlError> {
         self.check_data()?;

@@ -552,6 +552,48 @@ unsafe extern "C" fn map_mat_trampoline<const G: usize>(
 }
 
 impl Context {
+    /// Writes row `i` of `src` (f32 `[n, rows]`) into row `idx[i]` of `dst` (f32 or f16
+    /// `[n, dst_rows]`, rows contiguous) when the graph runs; `idx` is an i32 tensor of `rows`
+    /// values, each below `dst_rows` when the graph runs (ggml aborts otherwise). Returns the
+    /// write's node (a view of `dst`).
+    pub fn set_rows<'a>(
+        &'a self,
+        dst: Tensor<'a>,
+        src: Tensor<'a>,
+        idx: Tensor<'a>,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        let (nd, ns, ni) = (dst.ne(), src.ne(), idx.ne());
+        // SAFETY: the tensors are live; these read their type fields and shapes.
+        let (dst_ok, src_ok, idx_ok) = unsafe {
+            let ty = |t: Tensor<'_>| (*t.ptr.as_ptr()).type_;
+            (
+                (ty(dst) == sys::GGML_TYPE_F32 || ty(dst) == sys::GGML_TYPE_F16)
+                    && sys::ggml_is_contiguous_rows(dst.ptr.as_ptr()),
+                ty(src) == sys::GGML_TYPE_F32 && sys::ggml_is_contiguous_rows(src.ptr.as_ptr()),
+                ty(idx) == sys::GGML_TYPE_I32,
+            )
+        };
+        if !(dst_ok && src_ok && idx_ok)
+            || nd[0] != ns[0]
+            || ns[1] != ni[0]
+            || nd[2..] != [1, 1]
+            || ns[2..] != [1, 1]
+            || ni[1..] != [1, 1, 1]
+        {
+            return Err(GgmlError::Shape {
+                what: "set_rows",
+                expected: "f32/f16 dst [n, rows], f32 src [n, k], i32 indices [k]".into(),
+                found: format!(
+                    "dst {nd:?} (ok {dst_ok}), src {ns:?} (ok {src_ok}), indices {ni:?} (ok {idx_ok})"
+                ),
+            });
+        }
+        // SAFETY: types and shapes checked above.
+        self.op(0, |c| unsafe {
+            sys::ggml_set_rows(c, dst.ptr.as_ptr(), src.ptr.as_ptr(), idx.ptr.as_ptr())
+        })
+    }
+
     /// `mul_mat(w, x)` computed by `kernel` instead of ggml: `w` is `[k, n]` in any type whose
     /// rows the kernel reads (it is given the raw rows), `x` the contiguous f32 `[k, m]`; the
     /// result is `[n, m]`, the weight rows split over the graph's threads.

@@ -8,11 +8,13 @@
 //!   (the last 3072 rows of `output.weight`) out of the mapped file (packing q4_K matrices for
 //!   [`LayerKernel::Packed`]) and releases their pages.
 //! - A [`State`] is one session's KV cache (keys by position, values transposed; f32 for the exact
-//!   path, else f16) and the memory of its step graphs. [`State::run`] computes rows at positions
-//!   `p0..`, leaving the last row's final-normed hidden state and codec logits in
-//!   [`State::hidden`] and [`State::logits`]. A one-row step builds its graph in memory reserved at
-//!   [`State::new`] and allocates nothing once its work buffer has grown; a prefill of several rows
-//!   builds a graph with ggml's allocator (its own buffer, freed after the call).
+//!   path, else f16) and its step graph. [`State::run`] computes rows at positions `p0..`, leaving
+//!   the last row's final-normed hidden state and codec logits in [`State::hidden`] and
+//!   [`State::logits`]. A one-row step runs a graph built for every position of its block of
+//!   [`BLOCK`] positions (the cache writes' positions are inputs, the block's later keys masked),
+//!   rebuilt when the position enters a new block; a prefill of several rows builds a graph for
+//!   its positions. Both are placed by ggml's graph allocator. A step allocates nothing between
+//!   blocks.
 
 use super::CODEC_VOCAB;
 use crate::code_predictor::{layer_product, packs, q4k16, LayerKernel};
@@ -45,7 +47,6 @@ pub struct Layers {
     dims: Dims,
     n_layer: usize,
     n_embd: usize,
-    n_ff: usize,
     kernel: LayerKernel,
     /// One context per layer (tensors named as in a layer: `attn_q.weight`, ...), then one for
     /// `output_norm.weight` and the codec head's `output.weight`.
@@ -74,11 +75,7 @@ impl Layers {
             eps: fl("attention.layer_norm_rms_epsilon", 1e-6),
             theta: fl("rope.freq_base", 1e6),
         };
-        let (n_layer, n_embd, n_ff) = (
-            u("block_count"),
-            u("embedding_length"),
-            u("feed_forward_length"),
-        );
+        let (n_layer, n_embd) = (u("block_count"), u("embedding_length"));
         // Per layer, the names in the file and in the layer's context.
         let layer_names: Vec<&str> = [
             NAMES.attn_norm,
@@ -176,7 +173,6 @@ impl Layers {
             dims,
             n_layer,
             n_embd,
-            n_ff,
             kernel,
             weights,
         })
@@ -192,28 +188,17 @@ impl Layers {
         2 * self.n_layer * self.dims.head_dim * self.dims.n_head_kv * elem
     }
 
-    /// An upper bound of a one-row step graph's memory at `n_kv` keys (tensor data, headers and
-    /// the graph).
-    fn step_bytes(&self, n_kv: usize) -> usize {
-        let (d, h, ff) = (self.dims, self.n_embd, self.n_ff);
-        let q = d.n_head * d.head_dim;
-        let per_layer = 64 * 512
-            + 4 * (16 * h + 8 * q + 4 * d.n_head_kv * d.head_dim + 4 * ff)
-            + 4 * 3 * d.n_head * n_kv;
-        // SAFETY: a pure function.
-        let graph = unsafe { crate::ffi::sys::ggml_graph_overhead_custom(2048, false) };
-        (1 << 20) + graph + self.n_layer * per_layer + 4 * (2 * h + 2 * CODEC_VOCAB)
-    }
-
-    /// The graph of `rows` rows at positions `p0..`, over the cache in `cache`: returns its input
-    /// tensors and outputs (cache writes first, then `out.hidden` and `out.logits`).
+    /// The graph of `rows` rows over the cache in `cache`, written at `at`; returns its outputs
+    /// (cache writes first, then `out.hidden` and `out.logits`). Inputs: `in.rows`, `in.pos`,
+    /// `in.mask` when there is more than one row or the positions are [`At::Block`]'s, and
+    /// `in.kidx`, `in.vidx` for [`At::Block`] (see [`Kv::Indexed`]).
     fn build<'a>(
         &'a self,
         c: &'a Context,
         cache: &'a Context,
         rows: usize,
-        p0: usize,
-    ) -> Result<Built<'a>, GgmlError> {
+        at: At,
+    ) -> Result<Vec<Tensor<'a>>, GgmlError> {
         let get = |ctx: &'a Context, n: &str| {
             ctx.get(n).ok_or(GgmlError::Shape {
                 what: "talker tensor",
@@ -221,38 +206,49 @@ impl Layers {
                 found: "none".into(),
             })
         };
-        let h = self.n_embd;
+        let (h, d) = (self.n_embd, self.dims);
         let input = c.new_tensor(GgmlType::F32, &[h, rows])?.set_name("in.rows");
         let pos = c.new_i32(rows)?.set_name("in.pos");
-        let mask = if rows > 1 {
+        let n_kv = match at {
+            At::Fixed(p0) => p0 + rows,
+            At::Block { n_kv } => n_kv,
+        };
+        let mask = if rows > 1 || matches!(at, At::Block { .. }) {
             Some(
-                c.new_tensor(GgmlType::F32, &[p0 + rows, rows])?
+                c.new_tensor(GgmlType::F32, &[n_kv, rows])?
                     .set_name("in.mask"),
             )
         } else {
             None
         };
+        let idx = match at {
+            At::Fixed(_) => None,
+            At::Block { .. } => Some((
+                c.new_i32(rows)?.set_name("in.kidx"),
+                c.new_i32(rows * d.head_dim * d.n_head_kv)?
+                    .set_name("in.vidx"),
+            )),
+        };
         let mut outs = Vec::new();
         let mut x = input;
         for l in 0..self.n_layer {
             let w = |n: &str| get(&self.weights[l], n);
-            let kv = Kv::Cache {
-                k: get(cache, &format!("cache.k.{l}"))?,
-                v: get(cache, &format!("cache.v.{l}"))?,
-                p0,
+            let (k, v) = (
+                get(cache, &format!("cache.k.{l}"))?,
+                get(cache, &format!("cache.v.{l}"))?,
+            );
+            let kv = match (at, idx) {
+                (At::Block { n_kv }, Some((k_idx, v_idx))) => Kv::Indexed {
+                    k,
+                    v,
+                    k_idx,
+                    v_idx,
+                    n_kv,
+                },
+                (At::Fixed(p0), _) => Kv::Cache { k, v, p0 },
+                (At::Block { .. }, None) => return Err(port("in.kidx")),
             };
-            x = qwen3::layer(
-                c,
-                &w,
-                NAMES,
-                self.dims,
-                x,
-                pos,
-                mask,
-                kv,
-                self.kernel,
-                &mut outs,
-            )?;
+            x = qwen3::layer(c, &w, NAMES, d, x, pos, mask, kv, self.kernel, &mut outs)?;
         }
         let last = if rows > 1 {
             let nb = [4, 4 * h, 4 * h];
@@ -260,59 +256,44 @@ impl Layers {
         } else {
             x
         };
-        let hidden = c
-            .mul(
-                c.rms_norm(last, self.dims.eps)?,
-                get(&self.weights[self.n_layer], "output_norm.weight")?,
-            )?
-            .set_name("out.hidden");
         let top = &self.weights[self.n_layer];
+        let hidden = c
+            .mul(c.rms_norm(last, d.eps)?, get(top, "output_norm.weight")?)?
+            .set_name("out.hidden");
         let logits = layer_product(c, get(top, "output.weight")?, hidden, self.kernel)?
             .set_name("out.logits");
         outs.push(hidden);
         outs.push(logits);
-        Ok(Built {
-            input,
-            pos,
-            mask,
-            hidden,
-            logits,
-            outs,
-        })
+        Ok(outs)
     }
 }
 
-/// A graph under construction: its inputs and outputs.
-struct Built<'a> {
-    input: Tensor<'a>,
-    pos: Tensor<'a>,
-    mask: Option<Tensor<'a>>,
-    hidden: Tensor<'a>,
-    logits: Tensor<'a>,
-    outs: Vec<Tensor<'a>>,
+/// Where a graph writes its rows' keys and values.
+#[derive(Debug, Clone, Copy)]
+enum At {
+    /// At positions `p0..`, fixed in the graph (a prefill's graph, built for it).
+    Fixed(usize),
+    /// At positions given by the inputs, attending over `n_kv` keys with a mask (a step graph,
+    /// built once for every position of a block).
+    Block {
+        /// Keys attended: the end of the block.
+        n_kv: usize,
+    },
 }
 
-impl Built<'_> {
-    /// Writes the inputs of `rows` (row-major, `n_embd` each) at positions `p0..`.
-    fn write(&self, rows: &[f32], p0: usize) -> Result<(), GgmlError> {
-        let n = self.pos.ne()[0];
-        self.input.write_f32(rows)?;
-        let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();
-        self.pos.write_i32(&pos)?;
-        if let Some(m) = self.mask {
-            m.write_f32(&qwen3::causal_mask(n, p0))?;
-        }
-        Ok(())
-    }
-}
+/// Positions served by one step graph: a step graph is built when the position enters a new
+/// block, and attends over the keys up to the block's end (the rest masked).
+const BLOCK: usize = 64;
 
-/// One session's KV cache and step memory (see the module's contract).
+/// One session's KV cache and step graph (see the module's contract).
 #[derive(Debug)]
 pub struct State {
     n_ctx: usize,
-    /// The step graphs' memory, reset at every step.
-    arena: Context,
-    work: Vec<u8>,
+    /// The step graph and the block of positions it serves; declared before the cache it reads.
+    step: Option<(usize, OwnedGraph)>,
+    /// The step graph's mask and value indices, rewritten at every step.
+    mask: Vec<f32>,
+    vidx: Vec<i32>,
     hidden: Vec<f32>,
     logits: Vec<f32>,
     /// `cache.k.{l}` (`[head_dim, n_head_kv, n_ctx]`) and `cache.v.{l}` (`[n_ctx, head_dim ·
@@ -340,8 +321,9 @@ impl State {
         }
         Ok(State {
             n_ctx,
-            arena: Context::new(layers.step_bytes(n_ctx))?,
-            work: Vec::new(),
+            step: None,
+            mask: Vec::with_capacity(BLOCK.min(n_ctx)),
+            vidx: vec![0; d.head_dim * d.n_head_kv],
             hidden: vec![0.0; layers.n_embd],
             logits: vec![0.0; CODEC_VOCAB],
             cache,
@@ -375,47 +357,74 @@ impl State {
                 found: format!("{} values at position {p0}", rows.len()),
             });
         }
+        let pos = [p0 as i32];
         if n == 1 {
-            self.arena.reset();
-            let b = layers.build(&self.arena, &self.cache, 1, p0)?;
-            b.write(rows, p0)?;
-            let mut g = self.arena.graph_of(&b.outs)?;
-            g.compute_with(pool, &mut self.work)?;
-            b.hidden.read_f32(&mut self.hidden)?;
-            return b.logits.read_f32(&mut self.logits);
+            let block = p0 / BLOCK;
+            let n_kv = ((block + 1) * BLOCK).min(self.n_ctx);
+            if self.step.as_ref().map(|s| s.0) != Some(block) {
+                self.step = None;
+                self.zero_from(layers, p0, n_kv)?;
+                // SAFETY: the graph reads `layers.weights` (which the session's talker owns and
+                // outlives it) and `self.cache` (dropped after `self.step`).
+                let g = unsafe {
+                    OwnedGraph::build_allocated(None, |c| {
+                        let outs = layers.build(c, &self.cache, 1, At::Block { n_kv })?;
+                        Ok(outs.into_iter().map(Tensor::node).collect())
+                    })?
+                };
+                self.step = Some((block, g));
+            }
+            let Some((_, g)) = self.step.as_mut() else {
+                return Err(port("step graph"));
+            };
+            self.mask.clear();
+            self.mask
+                .extend((0..n_kv).map(|k| if k <= p0 { 0.0 } else { f32::NEG_INFINITY }));
+            for (j, v) in self.vidx.iter_mut().enumerate() {
+                *v = (p0 + self.n_ctx * j) as i32;
+            }
+            let t = |name: &'static str| g.tensor(name).ok_or_else(|| port(name));
+            t("in.rows")?.write_f32(rows)?;
+            t("in.pos")?.write_i32(&pos)?;
+            t("in.kidx")?.write_i32(&pos)?;
+            t("in.vidx")?.write_i32(&self.vidx)?;
+            t("in.mask")?.write_f32(&self.mask)?;
+            g.compute(pool)?;
+            return read_outputs(g, &mut self.hidden, &mut self.logits);
         }
         // SAFETY: the graph reads `layers.weights` and `self.cache`, both borrowed for this whole
         // call; it is dropped before the call returns.
         let mut g = unsafe {
             OwnedGraph::build_allocated(None, |c| {
-                let b = layers.build(c, &self.cache, n, p0)?;
-                Ok(b.outs.into_iter().map(Tensor::node).collect())
+                let outs = layers.build(c, &self.cache, n, At::Fixed(p0))?;
+                Ok(outs.into_iter().map(Tensor::node).collect())
             })?
         };
-        let port = |name: &'static str| {
-            g.tensor(name).ok_or(GgmlError::Shape {
-                what: "talker graph port",
-                expected: name.into(),
-                found: "none".into(),
-            })
-        };
-        port("in.rows")?.write_f32(rows)?;
+        let t = |name: &'static str| g.tensor(name).ok_or_else(|| port(name));
+        t("in.rows")?.write_f32(rows)?;
         let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();
-        port("in.pos")?.write_i32(&pos)?;
-        port("in.mask")?.write_f32(&qwen3::causal_mask(n, p0))?;
+        t("in.pos")?.write_i32(&pos)?;
+        t("in.mask")?.write_f32(&qwen3::causal_mask(n, p0))?;
         g.compute(pool)?;
-        let g = &g;
-        let read = |name: &'static str, out: &mut [f32]| {
-            g.tensor(name)
-                .ok_or(GgmlError::Shape {
-                    what: "talker graph port",
-                    expected: name.into(),
-                    found: "none".into(),
-                })?
-                .read_f32(out)
-        };
-        read("out.hidden", &mut self.hidden)?;
-        read("out.logits", &mut self.logits)
+        read_outputs(&g, &mut self.hidden, &mut self.logits)
+    }
+
+    /// Zeroes positions `from..to` of every layer's keys and values: a step graph attends over
+    /// its whole block, the positions not written yet masked, and a masked key's weight (0)
+    /// times a value left non-finite by the allocator would still be NaN.
+    fn zero_from(&self, layers: &Layers, from: usize, to: usize) -> Result<(), GgmlError> {
+        let d = layers.dims;
+        let width = d.head_dim * d.n_head_kv;
+        for l in 0..layers.n_layer {
+            let get = |n: String| self.cache.get(&n).ok_or_else(|| port("cache"));
+            let (k, v) = (get(format!("cache.k.{l}"))?, get(format!("cache.v.{l}"))?);
+            let esz = k.nbytes() / k.n_elems();
+            k.zero_bytes(from * width * esz, (to - from) * width * esz)?;
+            for j in 0..width {
+                v.zero_bytes((j * self.n_ctx + from) * esz, (to - from) * esz)?;
+            }
+        }
+        Ok(())
     }
 
     /// The final-normed hidden state of the last row run.
@@ -427,4 +436,20 @@ impl State {
     pub fn logits(&self) -> &[f32] {
         &self.logits
     }
+}
+
+/// A missing graph port (a bug in the graph's construction).
+fn port(name: &'static str) -> GgmlError {
+    GgmlError::Shape {
+        what: "talker graph port",
+        expected: name.into(),
+        found: "none".into(),
+    }
+}
+
+/// Reads a talker graph's outputs.
+fn read_outputs(g: &OwnedGraph, hidden: &mut [f32], logits: &mut [f32]) -> Result<(), GgmlError> {
+    let t = |name: &'static str| g.tensor(name).ok_or_else(|| port(name));
+    t("out.hidden")?.read_f32(hidden)?;
+    t("out.logits")?.read_f32(logits)
 }

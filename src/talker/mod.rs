@@ -398,7 +398,7 @@ impl Talker {
         let file = GgufFile::open(path)?;
         let geometry = crate::model::validate::check_talker(path, &file.header)?;
         let layers = match runtime {
-            Runtime::LlamaCpp => Layers::Llama(LlamaModel::load_unvalidated(path)?),
+            Runtime::LlamaCpp => Layers::Llama(LlamaModel::load(path)?),
             Runtime::Graph(kernel) => Layers::Graph(graph::Layers::load(&file, kernel)?),
         };
         let h = &file.header;
