@@ -200,6 +200,8 @@ pub enum PlanArg {
     /// As `cp-shared`, the decoder under `SCHED_IDLE` ([`ThreadPlan::cp_on_every_core`], `qtts
     /// speak --cp-on-every-core`).
     CpSharedIdle,
+    /// As `cp-shared-idle`, the talker's threads over every core too.
+    TalkerCpSharedIdle,
 }
 
 impl PlanArg {
@@ -220,6 +222,7 @@ impl PlanArg {
                 plan.talker = plan.cp.clone();
                 plan.decoder.nice = 19;
             }
+            PlanArg::TalkerCpSharedIdle => plan.talker = plan.cp.clone(),
         }
         plan
     }
