@@ -1,5 +1,5 @@
 //! The talker's layers on this crate's own ggml graphs ([`super::Runtime::Graph`]): the same
-//! Qwen3 layers as llama.cpp's `qwen3tts` graph ([`crate::qwen3::layer`]), with the products by
+//! Qwen3 layers as llama.cpp's `qwen3tts` graph (`qwen3::layer`), with the products by
 //! the code predictor's kernels, so that a q4_K talker step runs the packed VNNI kernel instead of
 //! llama.cpp's.
 //!
@@ -11,7 +11,7 @@
 //!   path, else f16) and its step graph. [`State::run`] computes rows at positions `p0..`, leaving
 //!   the last row's final-normed hidden state and codec logits in [`State::hidden`] and
 //!   [`State::logits`]. A one-row step runs a graph built for every position of its block of
-//!   [`BLOCK`] positions (the cache writes' positions are inputs, the block's later keys masked),
+//!   `BLOCK` (64) positions (the cache writes' positions are inputs, the block's later keys masked),
 //!   rebuilt when the position enters a new block; a prefill of several rows builds a graph for
 //!   its positions. Both are placed by ggml's graph allocator. A step allocates nothing between
 //!   blocks.
