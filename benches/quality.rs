@@ -1,6 +1,7 @@
 //! What quantization costs, teacher-forced against f32 on the same inputs (full-size random-weight
 //! 0.6B CustomVoice): the talker's codec logits and the code predictor's logits, cosine similarity
-//! (mean and worst row) and top-1 agreement, at q8_0 and q4_k; and the decoder's waveform SNR with
+//! (mean and worst row) and top-1 agreement, at q8_0 and q4_k, the talker on llama.cpp (q8_0 KV
+//! cache) and on its own graph (f16 KV cache, the engine's kernels); and the decoder's waveform SNR with
 //! its matrices as bf16 (where the CPU has AMX) and q8_0 (`EngineConfig::decoder`).
 //!
 //! The f32 run generates `QTTS_BENCH_FRAMES` frames (16) greedily; its prompt rows, step inputs,
@@ -11,13 +12,13 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use qtts::code_predictor::CodePredictor;
+use qtts::code_predictor::{CodePredictor, LayerKernel};
 use qtts::engine::DecoderWeights;
 use qtts::ffi::{EmbdBatch, LlamaContext, Threadpool};
 use qtts::gguf::GgufFile;
 use qtts::model::convert::OutType;
 use qtts::sampling::{argmax, SamplingParams};
-use qtts::talker::{GenOptions, Next, Session, Talker, TextInput, TextMode, Voice};
+use qtts::talker::{graph, GenOptions, Next, Session, Talker, TextInput, TextMode, Voice};
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
@@ -119,6 +120,23 @@ fn main() {
         (logits, hidden)
     };
     let (ref_logits, ref_hidden) = forward(OutType::F32);
+    // The same rows through the talker's own graph (the default where the CPU has AVX-512 VNNI):
+    // the prompt as one prefill, then one row per step, f16 caches.
+    let forward_graph = |ty: OutType| -> Vec<f32> {
+        let f = GgufFile::open(path("talker", ty)).unwrap();
+        let layers = graph::Layers::load(&f, LayerKernel::fastest()).unwrap();
+        let mut state = graph::State::new(&layers, 512, false).unwrap();
+        let n = rows.len() / h;
+        state.run(&layers, &rows[..n_prompt * h], 0, &pool).unwrap();
+        let mut logits = state.logits().to_vec();
+        for t in n_prompt..n {
+            state
+                .run(&layers, &rows[t * h..(t + 1) * h], t, &pool)
+                .unwrap();
+            logits.extend_from_slice(state.logits());
+        }
+        logits
+    };
     let cp_logits = |ty: OutType| -> Vec<f32> {
         let mut cp = CodePredictor::load(&GgufFile::open(path("mmproj", ty)).unwrap()).unwrap();
         let mut out = Vec::new();
@@ -150,6 +168,13 @@ fn main() {
             "{:<8} {:<16} {m:>12.6} {w:>12.6} {:>7.1}%",
             ty.name(),
             "talker",
+            t * 100.0
+        );
+        let (m, w, t) = compare(&ref_logits, &forward_graph(ty), 3072);
+        println!(
+            "{:<8} {:<16} {m:>12.6} {w:>12.6} {:>7.1}%",
+            ty.name(),
+            "talker (graph)",
             t * 100.0
         );
         let (m, w, t) = compare(&ref_cp, &cp_logits(ty), 2048);
