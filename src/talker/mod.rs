@@ -20,8 +20,9 @@
 //!   [`crate::code_predictor::CodePredictor::embed_frame`]) and runs one step. Each returns the
 //!   next codebook-0 code or why the utterance stopped. After [`Session::new`], neither allocates
 //!   except the prefill batch of a longer prompt than any before.
-//! - Threads: a session runs on the calling thread and llama.cpp's threads (its own count, or a
-//!   caller's [`Threadpool`]); nothing here spawns a thread.
+//! - Threads: a session runs on the calling thread and a caller's [`Threadpool`], or, without
+//!   one, on llama.cpp's own threads or a ggml pool the session makes (its `n_threads`); nothing
+//!   else here spawns a thread.
 
 pub mod graph;
 
@@ -804,10 +805,12 @@ pub struct Session<'t> {
 }
 
 impl<'t> Session<'t> {
-    /// A session of `n_ctx` positions (prompt plus frames) with `n_threads` llama.cpp threads, or
-    /// `pool`'s threads when given (`pool.1`, when given, runs the prefill: a wider pool for the
-    /// moment the other stages are idle). `exact` keeps the KV cache in f32 with flash attention
-    /// off (matches the f32 reference to 1e-5; 229 KB per position for 0.6B, twice f16's).
+    /// A session of `n_ctx` positions (prompt plus frames) with `n_threads` threads (llama.cpp's,
+    /// or a ggml pool of the session's own for [`Runtime::Graph`]), or `pool`'s threads when given
+    /// (`pool.1`, when given, runs the prefill: a wider pool for the moment the other stages are
+    /// idle). `exact` keeps the KV cache in f32 (with llama.cpp, flash attention off too; matches
+    /// the f32 reference to 1e-5; 229 KB per position for 0.6B); otherwise llama.cpp keeps it in
+    /// q8_0 and the own graph in f16.
     pub fn new(
         talker: &'t Talker,
         n_ctx: usize,
