@@ -150,8 +150,9 @@ struct SpeakArgs {
     /// f32 KV cache, flash attention off: matches the float32 reference (slower).
     #[arg(long)]
     exact: bool,
-    /// The code predictor on every core, the decoder yielding its core under SCHED_IDLE: about
-    /// 1.2x faster on 2 idle cores (PERFORMANCE.md), but other busy programs starve the decoder.
+    /// The code predictor on every core, the decoder yielding its core under SCHED_IDLE: 1.15-1.3x
+    /// faster on 2 cores (real time at q4_k when they are otherwise idle, PERFORMANCE.md), but
+    /// other busy programs starve the decoder.
     #[arg(long)]
     cp_on_every_core: bool,
     /// The decoder's matrices: auto (bf16 where the CPU has AMX, else f32), f32 (exact), bf16
