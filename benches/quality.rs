@@ -127,12 +127,10 @@ fn main() {
         let layers = graph::Layers::load(&f, LayerKernel::fastest()).unwrap();
         let mut state = graph::State::new(&layers, 512, false).unwrap();
         let n = rows.len() / h;
-        state.run(&layers, &rows[..n_prompt * h], 0, &pool).unwrap();
+        state.run(&rows[..n_prompt * h], 0, &pool).unwrap();
         let mut logits = state.logits().to_vec();
         for t in n_prompt..n {
-            state
-                .run(&layers, &rows[t * h..(t + 1) * h], t, &pool)
-                .unwrap();
+            state.run(&rows[t * h..(t + 1) * h], t, &pool).unwrap();
             logits.extend_from_slice(state.logits());
         }
         logits

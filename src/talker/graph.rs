@@ -285,9 +285,11 @@ enum At {
 /// block, and attends over the keys up to the block's end (the rest masked).
 const BLOCK: usize = 64;
 
-/// One session's KV cache and step graph (see the module's contract).
+/// One session's KV cache and step graph (see the module's contract), over the layers it was
+/// made for (its step graph reads their weights between calls).
 #[derive(Debug)]
-pub struct State {
+pub struct State<'l> {
+    layers: &'l Layers,
     n_ctx: usize,
     /// The step graph and the block of positions it serves; declared before the cache it reads.
     step: Option<(usize, OwnedGraph)>,
@@ -301,9 +303,9 @@ pub struct State {
     cache: Context,
 }
 
-impl State {
-    /// A cache of `n_ctx` positions, f32 when `exact`, else f16.
-    pub fn new(layers: &Layers, n_ctx: usize, exact: bool) -> Result<Self, GgmlError> {
+impl<'l> State<'l> {
+    /// A cache of `n_ctx` positions for `layers`, f32 when `exact`, else f16.
+    pub fn new(layers: &'l Layers, n_ctx: usize, exact: bool) -> Result<Self, GgmlError> {
         let d = layers.dims;
         let (ty, elem) = if exact {
             (GgmlType::F32, 4)
@@ -320,6 +322,7 @@ impl State {
                 .set_name(&format!("cache.v.{l}"));
         }
         Ok(State {
+            layers,
             n_ctx,
             step: None,
             mask: Vec::with_capacity(BLOCK.min(n_ctx)),
@@ -338,13 +341,8 @@ impl State {
     /// Computes `rows` (whole rows of the talker's width) at positions `p0..` on `pool`; their
     /// keys and values replace the cache's at those positions, and attention reads positions
     /// `0..p0 + rows`.
-    pub fn run(
-        &mut self,
-        layers: &Layers,
-        rows: &[f32],
-        p0: usize,
-        pool: &Threadpool,
-    ) -> Result<(), GgmlError> {
+    pub fn run(&mut self, rows: &[f32], p0: usize, pool: &Threadpool) -> Result<(), GgmlError> {
+        let layers = self.layers;
         let h = layers.n_embd;
         let n = rows.len() / h.max(1);
         if n == 0 || n * h != rows.len() || p0 + n > self.n_ctx {
@@ -364,8 +362,8 @@ impl State {
             if self.step.as_ref().map(|s| s.0) != Some(block) {
                 self.step = None;
                 self.zero_from(layers, p0, n_kv)?;
-                // SAFETY: the graph reads `layers.weights` (which the session's talker owns and
-                // outlives it) and `self.cache` (dropped after `self.step`).
+                // SAFETY: the graph reads `layers.weights` (borrowed for the state's whole life)
+                // and `self.cache` (dropped after `self.step`).
                 let g = unsafe {
                     OwnedGraph::build_allocated(None, |c| {
                         let outs = layers.build(c, &self.cache, 1, At::Block { n_kv })?;

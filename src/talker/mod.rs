@@ -832,7 +832,6 @@ impl<'t> Session<'t> {
                 }
             }
             Layers::Graph(layers) => Backend::Graph {
-                layers,
                 state: graph::State::new(layers, n_ctx, exact)?,
                 own_pool: match pools {
                     Some(_) => None,
@@ -983,13 +982,9 @@ impl<'t> Session<'t> {
                     ctx.decode(batch)?;
                 }
             }
-            Backend::Graph {
-                layers,
-                state,
-                own_pool,
-            } => {
+            Backend::Graph { state, own_pool } => {
                 let pool = graph_pool(self.pools.map(|p| p.1), own_pool)?;
-                state.run(layers, &prompt.rows[self.reused * h..], self.reused, pool)?;
+                state.run(&prompt.rows[self.reused * h..], self.reused, pool)?;
             }
         }
         if !self.exact {
@@ -1033,13 +1028,9 @@ impl<'t> Session<'t> {
                 batch.push(&self.input, self.pos as i32, true)?;
                 ctx.decode(batch)?;
             }
-            Backend::Graph {
-                layers,
-                state,
-                own_pool,
-            } => {
+            Backend::Graph { state, own_pool } => {
                 let pool = graph_pool(self.pools.map(|p| p.0), own_pool)?;
-                state.run(layers, &self.input, self.pos, pool)?;
+                state.run(&self.input, self.pos, pool)?;
             }
         }
         self.pos += 1;
@@ -1101,8 +1092,7 @@ enum Backend<'t> {
         batch: EmbdBatch,
     },
     Graph {
-        layers: &'t graph::Layers,
-        state: graph::State,
+        state: graph::State<'t>,
         /// The pool when the session was given none.
         own_pool: Option<Threadpool>,
     },
