@@ -260,3 +260,96 @@ fn misuse_is_an_error_not_an_abort() {
     let b = ctx.new_f32(&[3]).unwrap();
     assert_eq!(what(ctx.add_inplace(a, b)), "add_inplace");
 }
+
+/// `set_rows` writes each source row at the row its index names when the graph runs (f32, and
+/// f16 rounded as ggml rounds), leaves the other rows alone, and refuses shapes and types that
+/// would make ggml abort; `zero_bytes` clears a byte range and refuses one past the data.
+#[test]
+fn set_rows_writes_at_run_time_indices() {
+    let pool = Threadpool::new(2, &[]).unwrap();
+    let ctx = Context::new(1 << 20).unwrap();
+    let src = ctx.new_f32(&[4, 2]).unwrap();
+    src.write_f32(&values(8, 3)).unwrap();
+    let idx = ctx.new_i32(2).unwrap();
+    for ty in [GgmlType::F32, GgmlType::F16] {
+        let dst = ctx.new_tensor(ty, &[4, 5]).unwrap();
+        let before = values(20, 9);
+        let init = ctx.new_f32(&[4, 5]).unwrap();
+        init.write_f32(&before).unwrap();
+        ctx.graph(ctx.copy_into(init, dst).unwrap())
+            .unwrap()
+            .compute(&pool)
+            .unwrap();
+        let start = read(dst);
+        idx.write_i32(&[3, 1]).unwrap();
+        let w = ctx.set_rows(dst, src, idx).unwrap();
+        ctx.graph(w).unwrap().compute(&pool).unwrap();
+        let got = read(dst);
+        let s = src.to_vec();
+        let round = |x: f32| match ty {
+            GgmlType::F16 => half_round(x),
+            _ => x,
+        };
+        for r in 0..5 {
+            let want: Vec<f32> = match r {
+                3 => s[0..4].iter().map(|&x| round(x)).collect(),
+                1 => s[4..8].iter().map(|&x| round(x)).collect(),
+                _ => start[r * 4..r * 4 + 4].to_vec(),
+            };
+            assert_eq!(&got[r * 4..r * 4 + 4], &want[..], "{ty:?} row {r}");
+        }
+        // The same graph with other indices writes elsewhere.
+        idx.write_i32(&[0, 4]).unwrap();
+        ctx.graph(w).unwrap().compute(&pool).unwrap();
+        let again = read(dst);
+        assert_eq!(
+            &again[0..4],
+            &got[12..16],
+            "{ty:?}: row 0 now holds source row 0"
+        );
+        let bytes = dst.nbytes();
+        dst.zero_bytes(bytes / 5, bytes / 5).unwrap();
+        assert!(read(dst)[4..8].iter().all(|&x| x == 0.0));
+        assert!(dst.zero_bytes(bytes - 2, 4).is_err());
+    }
+    let what = |r: Result<qtts::ffi::Tensor<'_>, GgmlError>| match r {
+        Err(GgmlError::Shape { what, .. }) => what,
+        other => panic!("expected a shape error, got {other:?}"),
+    };
+    let dst = ctx.new_f32(&[4, 5]).unwrap();
+    let narrow = ctx.new_f32(&[3, 2]).unwrap();
+    assert_eq!(what(ctx.set_rows(dst, narrow, idx)), "set_rows");
+    let three = ctx.new_i32(3).unwrap();
+    assert_eq!(what(ctx.set_rows(dst, src, three)), "set_rows");
+    let q = ctx.new_tensor(GgmlType::Q8_0, &[32, 2]).unwrap();
+    let wide = ctx.new_f32(&[32, 2]).unwrap();
+    assert_eq!(what(ctx.set_rows(q, wide, idx)), "set_rows");
+    assert_eq!(what(ctx.set_rows(dst, src, src)), "set_rows");
+}
+
+/// The values of an f32 or f16 tensor.
+fn read(t: qtts::ffi::Tensor<'_>) -> Vec<f32> {
+    let bytes = t.read_bytes().unwrap();
+    if t.is_type(GgmlType::F16) {
+        qtts::ffi::dequantize(GgmlType::F16, &bytes, t.n_elems()).unwrap()
+    } else {
+        t.to_vec()
+    }
+}
+
+/// `x` rounded to the nearest f16 (ties to even), as ggml's conversion does.
+fn half_round(x: f32) -> f32 {
+    let b = x.to_bits();
+    let exp = ((b >> 23) & 0xff) as i32 - 127;
+    // Normal f16 range only (the test's values are).
+    assert!((-14..=15).contains(&exp));
+    let drop = 13;
+    let mask = (1u32 << drop) - 1;
+    let half = 1u32 << (drop - 1);
+    let low = b & mask;
+    let mut r = b & !mask;
+    if low > half || (low == half && (r >> drop) & 1 == 1) {
+        r += 1 << drop;
+    }
+    f32::from_bits(r)
+}
