@@ -61,17 +61,15 @@ pub(crate) enum Kv<'a> {
         p0: usize,
     },
     /// As `Cache`, with the positions written given at run time: row `i`'s keys go to position
-    /// `k_idx[i]` and its values to the elements `v_idx[i · hd · n_head_kv + j]` of the
-    /// transposed cache seen as one row (`k_idx[i] + n_ctx · j`); attention reads positions
-    /// `0..n_kv`, of which the caller's mask hides those past each row's. One graph then serves
-    /// every position below `n_kv`.
+    /// `pos[i]` (the layer's positions) and its values to the elements
+    /// `v_idx[i · hd · n_head_kv + j]` of the transposed cache seen as one row
+    /// (`pos[i] + n_ctx · j`); attention reads positions `0..n_kv`, of which the caller's mask
+    /// hides those past each row's. One graph then serves every position below `n_kv`.
     Indexed {
         /// Key cache.
         k: Tensor<'a>,
         /// Value cache, transposed.
         v: Tensor<'a>,
-        /// i32 positions, one per row.
-        k_idx: Tensor<'a>,
         /// i32 element indices, `hd · n_head_kv` per row.
         v_idx: Tensor<'a>,
         /// Keys attended.
@@ -119,7 +117,6 @@ pub(crate) fn layer<'a>(
         ),
         Kv::Cache { k: ck, v: cv, p0 } => {
             let n_ctx = ck.ne()[2];
-            let n_kv = p0 + rows;
             let esz = ck.nbytes() / ck.n_elems();
             let kb = [esz, esz * hd, esz * hd * nkv];
             writes.push(c.copy_into(k, c.view(ck, [hd, nkv, rows], kb, p0 * kb[2])?)?);
@@ -127,31 +124,24 @@ pub(crate) fn layer<'a>(
             let vt = c.permute(c.reshape(v, [hd * nkv, rows, 1])?, [1, 0, 2, 3])?;
             let vb = [vsz, vsz * n_ctx, vsz * n_ctx * hd * nkv];
             writes.push(c.copy_into(vt, c.view(cv, [rows, hd * nkv, 1], vb, p0 * vsz)?)?);
-            (
-                c.permute(c.view(ck, [hd, nkv, n_kv], kb, 0)?, [0, 2, 1, 3])?,
-                c.view(cv, [n_kv, hd, nkv], [vsz, vsz * n_ctx, vsz * n_ctx * hd], 0)?,
-            )
+            read_cache(c, ck, cv, p0 + rows, d)?
         }
         Kv::Indexed {
             k: ck,
             v: cv,
-            k_idx,
             v_idx,
             n_kv,
         } => {
             let n_ctx = ck.ne()[2];
             let esz = ck.nbytes() / ck.n_elems();
-            let kb = [esz, esz * hd, esz * hd * nkv];
-            let keys_2d = c.view(ck, [hd * nkv, n_ctx, 1], [esz, kb[2], kb[2] * n_ctx], 0)?;
-            writes.push(c.set_rows(keys_2d, c.reshape(k, [hd * nkv, rows, 1])?, k_idx)?);
+            let row = esz * hd * nkv;
+            let keys_2d = c.view(ck, [hd * nkv, n_ctx, 1], [esz, row, row * n_ctx], 0)?;
+            writes.push(c.set_rows(keys_2d, c.reshape(k, [hd * nkv, rows, 1])?, pos)?);
             let vsz = cv.nbytes() / cv.n_elems();
             let all = n_ctx * hd * nkv;
             let vals_1 = c.view(cv, [1, all, 1], [vsz, vsz, vsz * all], 0)?;
             writes.push(c.set_rows(vals_1, c.reshape(v, [1, hd * nkv * rows, 1])?, v_idx)?);
-            (
-                c.permute(c.view(ck, [hd, nkv, n_kv], kb, 0)?, [0, 2, 1, 3])?,
-                c.view(cv, [n_kv, hd, nkv], [vsz, vsz * n_ctx, vsz * n_ctx * hd], 0)?,
-            )
+            read_cache(c, ck, cv, n_kv, d)?
         }
     };
     let kq = c.mul_mat(keys, c.permute(q, [0, 2, 1, 3])?)?;
@@ -166,6 +156,27 @@ pub(crate) fn layer<'a>(
         x,
         layer_product(c, w("ffn_down.weight")?, c.mul(gate, up)?, kernel)?,
     )
+}
+
+/// Keys as `[hd, n_kv, nkv]` and values as `[n_kv, hd, nkv]` of positions `0..n_kv` of a cache
+/// laid out as [`Kv::Cache`] says.
+fn read_cache<'a>(
+    c: &'a Context,
+    ck: Tensor<'a>,
+    cv: Tensor<'a>,
+    n_kv: usize,
+    d: Dims,
+) -> Result<(Tensor<'a>, Tensor<'a>), GgmlError> {
+    let (hd, nkv, n_ctx) = (d.head_dim, d.n_head_kv, ck.ne()[2]);
+    let esz = ck.nbytes() / ck.n_elems();
+    let vsz = cv.nbytes() / cv.n_elems();
+    Ok((
+        c.permute(
+            c.view(ck, [hd, nkv, n_kv], [esz, esz * hd, esz * hd * nkv], 0)?,
+            [0, 2, 1, 3],
+        )?,
+        c.view(cv, [n_kv, hd, nkv], [vsz, vsz * n_ctx, vsz * n_ctx * hd], 0)?,
+    ))
 }
 
 /// The causal mask of `rows` rows at positions `p0..p0 + rows` over keys `0..p0 + rows`

@@ -191,7 +191,7 @@ impl Layers {
     /// The graph of `rows` rows over the cache in `cache`, written at `at`; returns its outputs
     /// (cache writes first, then `out.hidden` and `out.logits`). Inputs: `in.rows`, `in.pos`,
     /// `in.mask` when there is more than one row or the positions are [`At::Block`]'s, and
-    /// `in.kidx`, `in.vidx` for [`At::Block`] (see [`Kv::Indexed`]).
+    /// `in.vidx` for [`At::Block`] (see [`Kv::Indexed`]).
     fn build<'a>(
         &'a self,
         c: &'a Context,
@@ -221,13 +221,12 @@ impl Layers {
         } else {
             None
         };
-        let idx = match at {
+        let v_idx = match at {
             At::Fixed(_) => None,
-            At::Block { .. } => Some((
-                c.new_i32(rows)?.set_name("in.kidx"),
+            At::Block { .. } => Some(
                 c.new_i32(rows * d.head_dim * d.n_head_kv)?
                     .set_name("in.vidx"),
-            )),
+            ),
         };
         let mut outs = Vec::new();
         let mut x = input;
@@ -237,16 +236,10 @@ impl Layers {
                 get(cache, &format!("cache.k.{l}"))?,
                 get(cache, &format!("cache.v.{l}"))?,
             );
-            let kv = match (at, idx) {
-                (At::Block { n_kv }, Some((k_idx, v_idx))) => Kv::Indexed {
-                    k,
-                    v,
-                    k_idx,
-                    v_idx,
-                    n_kv,
-                },
+            let kv = match (at, v_idx) {
+                (At::Block { n_kv }, Some(v_idx)) => Kv::Indexed { k, v, v_idx, n_kv },
                 (At::Fixed(p0), _) => Kv::Cache { k, v, p0 },
-                (At::Block { .. }, None) => return Err(port("in.kidx")),
+                (At::Block { .. }, None) => return Err(port("in.vidx")),
             };
             x = qwen3::layer(c, &w, NAMES, d, x, pos, mask, kv, self.kernel, &mut outs)?;
         }
@@ -325,7 +318,7 @@ impl<'l> State<'l> {
             layers,
             n_ctx,
             step: None,
-            mask: Vec::with_capacity(BLOCK.min(n_ctx)),
+            mask: Vec::with_capacity(n_ctx),
             vidx: vec![0; d.head_dim * d.n_head_kv],
             hidden: vec![0.0; layers.n_embd],
             logits: vec![0.0; CODEC_VOCAB],
@@ -384,7 +377,6 @@ impl<'l> State<'l> {
             let t = |name: &'static str| g.tensor(name).ok_or_else(|| port(name));
             t("in.rows")?.write_f32(rows)?;
             t("in.pos")?.write_i32(&pos)?;
-            t("in.kidx")?.write_i32(&pos)?;
             t("in.vidx")?.write_i32(&self.vidx)?;
             t("in.mask")?.write_f32(&self.mask)?;
             g.compute(pool)?;
