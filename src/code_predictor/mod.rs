@@ -131,6 +131,18 @@ pub enum LayerKernel {
 }
 
 impl LayerKernel {
+    /// Refuses the VNNI kernels on a CPU without their features.
+    pub fn check_available(self) -> Result<(), ModelError> {
+        if self != LayerKernel::Ggml && !q4k::available() {
+            return Err(ModelError::Unsupported {
+                what: "VNNI q4_K and q8_0 products".into(),
+                expected: "a CPU with AVX-512 F, BW, VL, VNNI and F16C".into(),
+                found: "a CPU without them".into(),
+            });
+        }
+        Ok(())
+    }
+
     /// The fastest this CPU runs.
     pub fn fastest() -> Self {
         if q4k::available() {
@@ -155,8 +167,26 @@ fn product_names(n_layer: usize) -> Vec<String> {
 }
 
 /// Whether a weight of type `ty` and shape `ne` is packed under `kernel`.
-pub(crate) fn packs(kernel: LayerKernel, ty: GgmlType, ne: &[usize]) -> bool {
+fn packs(kernel: LayerKernel, ty: GgmlType, ne: &[usize]) -> bool {
     kernel == LayerKernel::Packed && ty == GgmlType::Q4K && q4k16::fits(ne[1], ne[0])
+}
+
+/// Writes a layer product's weight `w` from the file's bytes `data`, packed for
+/// [`q4k16::mat_vnni`] when [`packs`] says so under `kernel`.
+pub(crate) fn write_product_weight(
+    w: Tensor<'_>,
+    ty: GgmlType,
+    data: &[u8],
+    kernel: LayerKernel,
+) -> Result<(), GgmlError> {
+    let ne = w.ne();
+    if packs(kernel, ty, &ne) && data.len() == w.nbytes() {
+        let mut packed = data.to_vec();
+        q4k16::pack(&mut packed, ne[1], data.len() / ne[1]);
+        w.write_bytes(&packed)
+    } else {
+        w.write_bytes(data)
+    }
 }
 
 /// The code predictor stage: weights, KV cache and the graphs of one frame.
@@ -242,10 +272,8 @@ impl CodePredictor {
             let w = weights.new_tensor(t.ty, &ne).map_err(ModelError::from)?;
             // The validated header guarantees the data is inside the file.
             let data = f.tensor_data(&t.name).unwrap_or_default();
-            if packs(kernel, t.ty, &ne) && products.contains(&t.name) && data.len() == w.nbytes() {
-                let mut packed = data.to_vec();
-                q4k16::pack(&mut packed, ne[1], data.len() / ne[1]);
-                w.write_bytes(&packed).map_err(ModelError::from)?;
+            if products.contains(&t.name) {
+                write_product_weight(w, t.ty, data, kernel).map_err(ModelError::from)?;
             } else {
                 w.write_bytes(data).map_err(ModelError::from)?;
             }
@@ -289,13 +317,7 @@ impl CodePredictor {
     /// packs or unpacks the q4_K matrices as needed and rebuilds the frame's graphs. The VNNI
     /// kernels without the CPU's features are refused.
     pub fn set_layer_kernel(&mut self, kernel: LayerKernel) -> Result<(), ModelError> {
-        if kernel != LayerKernel::Ggml && !q4k::available() {
-            return Err(ModelError::Unsupported {
-                what: "VNNI q4_K and q8_0 products".into(),
-                expected: "a CPU with AVX-512 F, BW, VL, VNNI and F16C".into(),
-                found: "a CPU without them".into(),
-            });
-        }
+        kernel.check_available()?;
         if kernel == self.kernel {
             return Ok(());
         }

@@ -17,7 +17,7 @@
 //!   blocks.
 
 use super::CODEC_VOCAB;
-use crate::code_predictor::{layer_product, packs, q4k16, LayerKernel};
+use crate::code_predictor::{layer_product, write_product_weight, LayerKernel};
 use crate::error::ModelError;
 use crate::ffi::{Context, GgmlError, OwnedGraph, Tensor, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
@@ -123,10 +123,8 @@ impl Layers {
                 let w = ctx.new_tensor(t.ty, &ne).map_err(ModelError::from)?;
                 // The validated header guarantees the data is inside the file.
                 let data = f.tensor_data(&name).ok_or_else(|| missing(&name))?;
-                if MATRICES.contains(n) && packs(kernel, t.ty, &ne) && data.len() == w.nbytes() {
-                    let mut packed = data.to_vec();
-                    q4k16::pack(&mut packed, ne[1], data.len() / ne[1]);
-                    w.write_bytes(&packed).map_err(ModelError::from)?;
+                if MATRICES.contains(n) {
+                    write_product_weight(w, t.ty, data, kernel).map_err(ModelError::from)?;
                 } else {
                     w.write_bytes(data).map_err(ModelError::from)?;
                 }
@@ -159,13 +157,7 @@ impl Layers {
         let w = top
             .new_tensor(head.ty, &[n_embd, CODEC_VOCAB])
             .map_err(ModelError::from)?;
-        if packs(kernel, head.ty, &[n_embd, CODEC_VOCAB]) {
-            let mut packed = codec.to_vec();
-            q4k16::pack(&mut packed, CODEC_VOCAB, row);
-            w.write_bytes(&packed).map_err(ModelError::from)?;
-        } else {
-            w.write_bytes(codec).map_err(ModelError::from)?;
-        }
+        write_product_weight(w, head.ty, codec, kernel).map_err(ModelError::from)?;
         w.set_name("output.weight");
         f.release("output.weight");
         weights.push(top);

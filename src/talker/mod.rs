@@ -387,14 +387,8 @@ impl Talker {
     /// refused.
     pub fn load_with(path: impl AsRef<Path>, runtime: Runtime) -> Result<Self, ModelError> {
         let path = path.as_ref();
-        if matches!(runtime, Runtime::Graph(k) if k != LayerKernel::Ggml)
-            && !crate::code_predictor::q4k::available()
-        {
-            return Err(ModelError::Unsupported {
-                what: "VNNI q4_K and q8_0 products".into(),
-                expected: "a CPU with AVX-512 F, BW, VL, VNNI and F16C".into(),
-                found: "a CPU without them".into(),
-            });
+        if let Runtime::Graph(kernel) = runtime {
+            kernel.check_available()?;
         }
         let file = GgufFile::open(path)?;
         let geometry = crate::model::validate::check_talker(path, &file.header)?;
