@@ -16,9 +16,9 @@
 //!   speaker, language or instruction for the loaded model is a typed [`TalkerError`].
 //! - A [`Session`] holds the KV cache of one utterance at a time (a llama.cpp context, or a
 //!   [`graph::State`]) and the logits processors and sampler of codebook 0. [`Session::start`]
-//!   clears the cache and runs the prefill; [`Session::feed`] takes the embedded codes of the frame just produced (see
-//!   [`crate::code_predictor::CodePredictor::embed_frame`]) and runs one step. Each returns the
-//!   next codebook-0 code or why the utterance stopped. After [`Session::new`], neither allocates
+//!   clears the cache and runs the prefill; [`Session::feed`] takes the embedded codes of the
+//!   frame just produced (see [`crate::code_predictor::CodePredictor::embed_frame`]) and runs one
+//!   step. Each returns the next codebook-0 code or why the utterance stopped. After [`Session::new`], neither allocates
 //!   except the prefill batch of a longer prompt than any before.
 //! - Threads: a session runs on the calling thread and a caller's [`Threadpool`], or, without
 //!   one, on llama.cpp's own threads or a ggml pool the session makes (its `n_threads`); nothing
