@@ -96,8 +96,10 @@ struct Natural {
     q: Vec<i8>,
     /// Per block, its scale.
     d: Vec<f32>,
-    /// Per sub-block (32 values), the sum of its `q`.
-    sums: Vec<i32>,
+    /// Per block, its eight sub-block sums of `q` as four pairs of 16-bit halves, in the order
+    /// the kernel's mins are paired: (s0, s2), (s1, s3), (s4, s6), (s5, s7), low half first.
+    /// A sum is at most 32 · 127 in magnitude, so it fits.
+    min_pairs: Vec<i32>,
 }
 
 impl Fill for Natural {
@@ -105,15 +107,23 @@ impl Fill for Natural {
         let nb = x.len() / BLOCK;
         self.q.resize(nb * BLOCK, 0);
         self.d.resize(nb, 0.0);
-        self.sums.resize(nb * 8, 0);
+        self.min_pairs.resize(nb * 4, 0);
         for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
-            let sums = &mut self.sums[b * 8..b * 8 + 8];
-            sums.fill(0);
+            let mut sums = [0i32; 8];
             let q = &mut self.q[b * BLOCK..(b + 1) * BLOCK];
             self.d[b] = quantize_block(xb, |i, v| {
                 q[i] = v;
                 sums[i / 32] += v as i32;
             });
+            let pair = |lo: i32, hi: i32| {
+                (lo as i16 as u16 as u32 | (hi as i16 as u16 as u32) << 16) as i32
+            };
+            self.min_pairs[b * 4..b * 4 + 4].copy_from_slice(&[
+                pair(sums[0], sums[2]),
+                pair(sums[1], sums[3]),
+                pair(sums[4], sums[6]),
+                pair(sums[5], sums[7]),
+            ]);
         }
     }
 }
@@ -203,6 +213,11 @@ mod vnni {
     /// The products of one packed group (16 rows of `nb` blocks at `grp`) with `M` inputs, one
     /// vector of 16 row results per input.
     ///
+    /// Per block: the nibble products run in two independent chains per sub-block (even and
+    /// odd 4-byte steps), so that `vpdpbusd`'s latency is not the loop's; each sub-block's sum is
+    /// scaled in float (`sc · d`) rather than by an integer multiply; the mins' term is four
+    /// `vpdpwssd` of the rows' mins (as 16-bit pairs) with the input's sub-block sums.
+    ///
     /// # Safety
     /// `grp` points at `nb` packed blocks, each input holds `nb` blocks; the CPU has the
     /// features of [`super::super::q4k::available`].
@@ -216,6 +231,7 @@ mod vnni {
         let m6 = _mm512_set1_epi32(0x3f3f_3f3f);
         let m4 = _mm512_set1_epi32(0x0f0f_0f0f);
         let m2 = _mm512_set1_epi32(0x0303_0303);
+        let even = _mm512_set1_epi32(0x00ff_00ff);
         let mut acc = [_mm512_setzero_ps(); M];
         for b in 0..nb {
             let blk = grp.wrapping_add(b * GROUP_BLOCK);
@@ -241,10 +257,10 @@ mod vnni {
                     _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(bw), m2)),
                 );
                 let qs = blk.add(256);
-                let mut isum = [_mm512_setzero_si512(); M];
+                let mut fsum = [_mm512_setzero_ps(); M];
                 for g in 0..4 {
-                    let mut lo_acc = [_mm512_setzero_si512(); M];
-                    let mut hi_acc = [_mm512_setzero_si512(); M];
+                    let mut lo_acc = [[_mm512_setzero_si512(); 2]; M];
+                    let mut hi_acc = [[_mm512_setzero_si512(); 2]; M];
                     for t in 0..8 {
                         let v = _mm512_loadu_si512(qs.add((g * 8 + t) * 64).cast());
                         let lo = _mm512_and_si512(v, low);
@@ -253,39 +269,34 @@ mod vnni {
                             let xq = ps[j].q.as_ptr().add(b * BLOCK + 64 * g + 4 * t);
                             let xl = _mm512_set1_epi32(xq.cast::<i32>().read_unaligned());
                             let xh = _mm512_set1_epi32(xq.add(32).cast::<i32>().read_unaligned());
-                            lo_acc[j] = _mm512_dpbusd_epi32(lo_acc[j], lo, xl);
-                            hi_acc[j] = _mm512_dpbusd_epi32(hi_acc[j], hi, xh);
+                            lo_acc[j][t % 2] = _mm512_dpbusd_epi32(lo_acc[j][t % 2], lo, xl);
+                            hi_acc[j][t % 2] = _mm512_dpbusd_epi32(hi_acc[j][t % 2], hi, xh);
                         }
                     }
-                    let (s0, s1) = (
-                        byte_of!(sc_lo, sc_hi, 2 * g),
-                        byte_of!(sc_lo, sc_hi, 2 * g + 1),
-                    );
+                    let s0 = _mm512_cvtepi32_ps(byte_of!(sc_lo, sc_hi, 2 * g));
+                    let s1 = _mm512_cvtepi32_ps(byte_of!(sc_lo, sc_hi, 2 * g + 1));
                     for j in 0..M {
-                        isum[j] = _mm512_add_epi32(
-                            isum[j],
-                            _mm512_add_epi32(
-                                _mm512_mullo_epi32(lo_acc[j], s0),
-                                _mm512_mullo_epi32(hi_acc[j], s1),
-                            ),
-                        );
+                        let lo = _mm512_add_epi32(lo_acc[j][0], lo_acc[j][1]);
+                        let hi = _mm512_add_epi32(hi_acc[j][0], hi_acc[j][1]);
+                        fsum[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), s0, fsum[j]);
+                        fsum[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), s1, fsum[j]);
                     }
                 }
+                // The mins as 16-bit pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7) of each row.
+                let mins = [
+                    _mm512_and_si512(m_lo, even),
+                    _mm512_and_si512(_mm512_srli_epi32::<8>(m_lo), even),
+                    _mm512_and_si512(m_hi, even),
+                    _mm512_and_si512(_mm512_srli_epi32::<8>(m_hi), even),
+                ];
                 for j in 0..M {
-                    let sums = ps[j].sums.as_ptr().add(b * 8);
+                    let pairs = ps[j].min_pairs.as_ptr().add(b * 4);
                     let mut msum = _mm512_setzero_si512();
-                    for s in 0..8 {
-                        msum = _mm512_add_epi32(
-                            msum,
-                            _mm512_mullo_epi32(
-                                byte_of!(m_lo, m_hi, s),
-                                _mm512_set1_epi32(*sums.add(s)),
-                            ),
-                        );
+                    for (p, &mp) in mins.iter().enumerate() {
+                        msum = _mm512_dpwssd_epi32(msum, mp, _mm512_set1_epi32(*pairs.add(p)));
                     }
                     let dx = _mm512_set1_ps(*ps[j].d.as_ptr().add(b));
-                    acc[j] =
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(d, dx), acc[j]);
+                    acc[j] = _mm512_fmadd_ps(fsum[j], _mm512_mul_ps(d, dx), acc[j]);
                     acc[j] =
                         _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, dx), acc[j]);
                 }
