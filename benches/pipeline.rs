@@ -60,6 +60,7 @@ fn main() {
         cores: (0..cores).collect(),
         threads: cores,
         nice: 0,
+        borrow: Vec::new(),
     };
     match std::env::var("QTTS_BENCH_PLAN").as_deref() {
         Ok("shared") if cores >= 2 => config.plan.decoder = all,

@@ -202,6 +202,11 @@ pub enum PlanArg {
     CpSharedIdle,
     /// As `cp-shared-idle`, the talker's threads over every core too.
     TalkerCpSharedIdle,
+    /// The code predictor borrows the decoder's core between the decoder's frames, nobody's
+    /// priority changed ([`ThreadPlan::lending`]).
+    Lend,
+    /// As `lend`, the talker borrowing too.
+    TalkerCpLend,
 }
 
 impl PlanArg {
@@ -215,6 +220,12 @@ impl PlanArg {
         let mut plan = ThreadPlan::cp_on_every_core(cores);
         match self {
             PlanArg::Default => return ThreadPlan::for_cores(cores),
+            PlanArg::Lend => return ThreadPlan::lending(cores),
+            PlanArg::TalkerCpLend => {
+                let mut plan = ThreadPlan::lending(cores);
+                plan.talker = plan.cp.clone();
+                return plan;
+            }
             PlanArg::CpSharedIdle => {}
             PlanArg::CpShared => plan.decoder.nice = 19,
             PlanArg::CpSharedEqual => plan.decoder.nice = 0,

@@ -26,6 +26,9 @@ pub struct Metrics {
     pub decoder_frame: Histogram<u64>,
     /// Decoder waiting for codes (µs): starvation.
     pub decoder_wait: Histogram<u64>,
+    /// Decoder waiting for its cores to come back from a stage that borrows them (µs; see
+    /// [`crate::engine::StagePlan::borrow`]).
+    pub decoder_claim: Histogram<u64>,
     /// Audio queued in the sink after each write (ms), for sinks that queue.
     pub ring_fill: Histogram<u64>,
 }
@@ -45,6 +48,7 @@ impl Default for Metrics {
             cp_send_wait: hist(),
             decoder_frame: hist(),
             decoder_wait: hist(),
+            decoder_claim: hist(),
             ring_fill: hist(),
         }
     }
@@ -69,7 +73,7 @@ pub fn record(h: &mut Histogram<u64>, d: Duration) {
 
 impl Metrics {
     /// The histograms with their names, in table order.
-    pub fn named(&self) -> [(&'static str, &Histogram<u64>); 8] {
+    pub fn named(&self) -> [(&'static str, &Histogram<u64>); 9] {
         [
             ("talker prefill", &self.talker_prefill),
             ("talker step", &self.talker_step),
@@ -78,11 +82,12 @@ impl Metrics {
             ("cp send wait", &self.cp_send_wait),
             ("decoder frame", &self.decoder_frame),
             ("decoder wait", &self.decoder_wait),
+            ("decoder claim", &self.decoder_claim),
             ("ring fill (ms)", &self.ring_fill),
         ]
     }
 
-    fn named_mut(&mut self) -> [&mut Histogram<u64>; 8] {
+    fn named_mut(&mut self) -> [&mut Histogram<u64>; 9] {
         [
             &mut self.talker_prefill,
             &mut self.talker_step,
@@ -91,6 +96,7 @@ impl Metrics {
             &mut self.cp_send_wait,
             &mut self.decoder_frame,
             &mut self.decoder_wait,
+            &mut self.decoder_claim,
             &mut self.ring_fill,
         ]
     }

@@ -61,6 +61,11 @@ fn pipeline_reproduces_the_oracle_and_the_serial_run() {
         let (_tmp, out) = common::convert_tiny(name, OutType::F32);
         let mut engine = Engine::load(&files(&out), config()).unwrap();
         let mut serial = Serial::load(&files(&out), config(), 1).unwrap();
+        let lending_config = EngineConfig {
+            plan: ThreadPlan::lending(2),
+            ..config()
+        };
+        let mut lending = Engine::load(&files(&out), lending_config).unwrap();
         for (run_name, mode) in [
             ("generate_stream", TextMode::Streaming),
             ("generate_nonstream", TextMode::NonStreaming),
@@ -91,6 +96,11 @@ fn pipeline_reproduces_the_oracle_and_the_serial_run() {
             let ss = serial.run(&req, &mut mem).unwrap();
             assert_eq!(ss.codes, s.codes);
             assert!(mem.samples == wav, "{name} {run_name}: serial differs");
+
+            // So does the plan where the code predictor borrows the decoder's core.
+            let (sl, wl) = run(&mut lending, req.clone());
+            assert_eq!(sl.codes, s.codes);
+            assert!(wl == wav, "{name} {run_name}: the lending plan differs");
         }
     }
 }
@@ -290,6 +300,15 @@ fn dropping_the_engine_joins_its_threads_and_errors_are_typed() {
     let e = Engine::load(&bad, config()).unwrap_err();
     assert!(e.to_string().contains("missing"), "{e}");
     assert_eq!(threads_settled(before), before);
+    // A stage may borrow only the decoder's cores, below its own; a plan that breaks this is
+    // refused before any thread starts.
+    for (borrow, cores) in [(vec![1], vec![1]), (vec![0], vec![0]), (vec![1], vec![0])] {
+        let mut plan = ThreadPlan::lending(2);
+        (plan.cp.borrow, plan.cp.cores, plan.decoder.cores) = (borrow, cores, vec![1]);
+        let e = Engine::load(&files(&out), EngineConfig { plan, ..config() }).unwrap_err();
+        assert!(matches!(e, qtts::engine::EngineError::Plan { .. }), "{e}");
+        assert_eq!(threads_settled(before), before);
+    }
 }
 
 /// The iterator API yields the same samples as a sink, chunk by chunk as decoded: one frame first,

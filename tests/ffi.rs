@@ -1,7 +1,7 @@
 //! The ggml wrapper computes what the math says, on pinned and unpinned pools, and refuses what
 //! would make ggml abort.
 
-use qtts::ffi::{Context, GgmlError, Threadpool};
+use qtts::ffi::{Context, CoreLoan, GgmlError, Threadpool};
 
 #[test]
 fn mul_mat_add_silu_match_a_reference() {
@@ -45,6 +45,52 @@ fn mul_mat_add_silu_match_a_reference() {
                     got[j * m + i]
                 );
             }
+        }
+    }
+}
+
+/// A pool that borrows another stage's cores computes the same values on them as without them,
+/// and uses them only while their owner holds no claim.
+#[test]
+fn a_borrowing_pool_uses_the_lent_cores_only_between_claims() {
+    let (k, m, n) = (256, 64, 3);
+    let a: Vec<f32> = (0..k * m)
+        .map(|i| (i * 31 % 97) as f32 / 97.0 - 0.5)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| (i * 17 % 83) as f32 / 83.0 - 0.5)
+        .collect();
+    let loan = CoreLoan::new();
+    let pool = Threadpool::new(1, &[])
+        .unwrap()
+        .borrowing(Threadpool::new(2, &[]).unwrap(), loan.clone());
+    let ctx = Context::new(1 << 20).unwrap();
+    let ta = ctx.new_f32(&[k, m]).unwrap();
+    ta.write_f32(&a).unwrap();
+    let tb = ctx.new_f32(&[k, n]).unwrap();
+    tb.write_f32(&b).unwrap();
+    let y = ctx.mul_mat(ta, tb).unwrap();
+    let mut g = ctx.graph(y).unwrap();
+
+    g.compute(&pool).unwrap();
+    let lent = y.to_vec();
+    assert_eq!(loan.counts(), (1, 0), "unclaimed: on the lent cores");
+    {
+        let _claim = loan.claim();
+        g.compute(&pool).unwrap();
+        assert_eq!(loan.counts(), (1, 1), "claimed: on the pool's own");
+    }
+    let own = y.to_vec();
+    g.compute(&pool).unwrap();
+    assert_eq!(loan.counts(), (2, 1), "the claim's end lends them again");
+    // ggml splits a product by rows: the thread count does not change a value.
+    assert_eq!(lent, own);
+    for j in 0..n {
+        for i in 0..m {
+            let want: f64 = (0..k)
+                .map(|t| a[i * k + t] as f64 * b[j * k + t] as f64)
+                .sum();
+            assert!((lent[j * m + i] as f64 - want).abs() < 1e-4);
         }
     }
 }

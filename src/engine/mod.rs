@@ -45,7 +45,7 @@ use crate::audio::{AudioError, AudioSink, FRAME_SAMPLES};
 use crate::code_predictor::CodePredictor;
 pub use crate::code_predictor::LayerKernel;
 use crate::error::ModelError;
-use crate::ffi::{GgmlError, Threadpool};
+use crate::ffi::{CoreLoan, GgmlError, Threadpool};
 use crate::gguf::GgufFile;
 use crate::metrics::{record, Metrics};
 use crate::sampling::{Sampler, SamplingParams};
@@ -79,6 +79,12 @@ pub struct StagePlan {
     /// `SCHED_IDLE` (they run only when nothing else on the core can). Raising priority (below
     /// 0) needs privileges: a refusal leaves the threads as they were.
     pub nice: i32,
+    /// Cores of the decoder this stage borrows: each of its graphs runs one more ggml thread on
+    /// each of them while the decoder is not decoding, and none while it is (the decoder claims
+    /// them back for a whole frame, waiting at most for the graph in progress; see
+    /// [`crate::ffi::CoreLoan`]). ggml puts a pool's calling thread on its highest core, so every
+    /// borrowed core must be lower than the stage's own (checked at [`Engine::load`]).
+    pub borrow: Vec<usize>,
 }
 
 /// Which stage runs on which cores with how many threads.
@@ -105,6 +111,7 @@ impl ThreadPlan {
             cores: vec![c],
             threads: 1,
             nice: 0,
+            borrow: Vec::new(),
         };
         match n {
             0 | 1 => ThreadPlan {
@@ -123,6 +130,7 @@ impl ThreadPlan {
                     cores: (0..a).collect(),
                     threads: a,
                     nice: 0,
+                    borrow: Vec::new(),
                 };
                 ThreadPlan {
                     talker: first.clone(),
@@ -131,6 +139,7 @@ impl ThreadPlan {
                         cores: (a..n).collect(),
                         threads: n - a,
                         nice: 0,
+                        borrow: Vec::new(),
                     },
                 }
             }
@@ -150,10 +159,53 @@ impl ThreadPlan {
                 cores: (0..n).collect(),
                 threads: n,
                 nice: 0,
+                borrow: Vec::new(),
             };
             plan.decoder.nice = 20;
         }
         plan
+    }
+
+    /// On 2 cores: the decoder on core 0, the talker and the code predictor on core 1, and the
+    /// code predictor borrows core 0 for its sub-steps whenever the decoder is not decoding
+    /// ([`StagePlan::borrow`]). Nobody's priority changes and no two threads of ours share a
+    /// core: the decoder gets its core back within one sub-step. Otherwise the same as
+    /// [`ThreadPlan::for_cores`].
+    pub fn lending(n: usize) -> Self {
+        if n != 2 {
+            return Self::for_cores(n);
+        }
+        let mut plan = Self::for_cores(2);
+        plan.talker.cores = vec![1];
+        plan.cp.cores = vec![1];
+        plan.cp.borrow = vec![0];
+        plan.decoder.cores = vec![0];
+        plan
+    }
+
+    /// Checks that what a stage borrows is the decoder's, not its own, and below its own cores
+    /// (see [`StagePlan::borrow`]).
+    fn check_loans(&self) -> Result<(), EngineError> {
+        for (stage, p) in [("talker", &self.talker), ("code predictor", &self.cp)] {
+            if p.borrow.is_empty() {
+                continue;
+            }
+            let own_min = p.cores.iter().copied().min();
+            let ok = p
+                .borrow
+                .iter()
+                .all(|c| self.decoder.cores.contains(c) && own_min.is_some_and(|m| *c < m));
+            if !ok {
+                return Err(EngineError::Plan {
+                    expected: format!(
+                        "the {stage} borrowing decoder cores (of {:?}) below its own",
+                        self.decoder.cores
+                    ),
+                    found: format!("borrow {:?}, own cores {:?}", p.borrow, p.cores),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Every core of the plan, sorted.
@@ -359,6 +411,15 @@ pub enum EngineError {
     /// Give text with at least one letter, digit or symbol.
     #[error("the text is empty after clean-up; nothing to speak")]
     EmptyText,
+    /// The thread plan cannot run.
+    /// Fix [`EngineConfig::plan`] (or use [`ThreadPlan::for_cores`]).
+    #[error("thread plan: expected {expected}, found {found}")]
+    Plan {
+        /// What a plan needs.
+        expected: String,
+        /// What this one has.
+        found: String,
+    },
 }
 
 /// One utterance of a request.
@@ -575,13 +636,21 @@ pub struct Engine {
     generation: crate::model::config::GenerationConfig,
 }
 
-fn pin(plan: &StagePlan) -> Result<Threadpool, GgmlError> {
+fn pin(plan: &StagePlan, loan: Option<&Arc<CoreLoan>>) -> Result<Threadpool, GgmlError> {
     // The talker and the code predictor share their cores: their idle workers must sleep, not
     // spin on the core the other stage is computing on. ggml places the pool's workers on the
     // first cores of the set and the calling thread (this stage's) on the last. The workers are
     // created by this thread and inherit its nice value.
     set_nice(plan.nice);
-    let pool = Threadpool::with_poll(plan.threads.max(1), &plan.cores, Some(0))?;
+    let mut pool = Threadpool::with_poll(plan.threads.max(1), &plan.cores, Some(0))?;
+    if let (Some(loan), false) = (loan, plan.borrow.is_empty()) {
+        // The borrowed cores are below the stage's own (`ThreadPlan::check_loans`), so the wide
+        // pool's extra workers go to them and its calling thread stays on the stage's last core.
+        let all: Vec<usize> = plan.borrow.iter().chain(&plan.cores).copied().collect();
+        let n = plan.threads.max(1) + plan.borrow.len();
+        let wide = Threadpool::with_poll(n, &all, Some(0))?;
+        pool = pool.borrowing(wide, loan.clone());
+    }
     pin_thread(plan);
     Ok(pool)
 }
@@ -704,6 +773,9 @@ pub(crate) fn plan_request(
 impl Engine {
     /// Starts the engine on `files` (see the module docs).
     pub fn load(files: &ModelFiles, config: EngineConfig) -> Result<Self, EngineError> {
+        config.plan.check_loans()?;
+        let lends = !(config.plan.talker.borrow.is_empty() && config.plan.cp.borrow.is_empty());
+        let loan = lends.then(CoreLoan::new);
         let (job_tx, job_rx) = bounded::<Box<Job>>(1);
         let (cp_tx, cp_rx) = bounded::<CpMsg>(1);
         let (reply_tx, reply_rx) = bounded::<CpReply>(1);
@@ -720,24 +792,29 @@ impl Engine {
         };
         {
             let (files, cfg, ready) = (files.clone(), config.clone(), ready_tx.clone());
-            let dec_tx = dec_tx.clone();
+            let (dec_tx, loan) = (dec_tx.clone(), loan.clone());
             threads.push(spawn(
                 "qtts-talker",
-                Box::new(move || talker_thread(files, cfg, ready, job_rx, cp_tx, reply_rx, dec_tx)),
+                Box::new(move || {
+                    talker_thread(files, cfg, loan, ready, job_rx, cp_tx, reply_rx, dec_tx)
+                }),
             )?);
         }
         {
             let (files, cfg, ready) = (files.clone(), config.clone(), ready_tx.clone());
+            let loan = loan.clone();
             threads.push(spawn(
                 "qtts-cp",
-                Box::new(move || cp_thread(files, cfg, ready, cp_rx, reply_tx, dec_tx, first_rx)),
+                Box::new(move || {
+                    cp_thread(files, cfg, loan, ready, cp_rx, reply_tx, dec_tx, first_rx)
+                }),
             )?);
         }
         {
             let (files, cfg, ready) = (files.clone(), config.clone(), ready_tx);
             threads.push(spawn(
                 "qtts-decoder",
-                Box::new(move || decoder_thread(files, cfg, ready, dec_rx, first_tx)),
+                Box::new(move || decoder_thread(files, cfg, loan, ready, dec_rx, first_tx)),
             )?);
         }
         let mut info = None;
@@ -848,9 +925,11 @@ fn announce<T>(ready: Ready, setup: Result<T, EngineError>) -> Option<T> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn talker_thread(
     files: ModelFiles,
     cfg: EngineConfig,
+    loan: Option<Arc<CoreLoan>>,
     ready: Ready,
     jobs: Receiver<Box<Job>>,
     cp_tx: Sender<CpMsg>,
@@ -858,7 +937,7 @@ fn talker_thread(
     dec_tx: Sender<DecMsg>,
 ) {
     let setup = (|| -> Result<(Threadpool, Option<Threadpool>, Talker), EngineError> {
-        let pool = pin(&cfg.plan.talker)?;
+        let pool = pin(&cfg.plan.talker, loan.as_ref())?;
         let burst = burst_pool(&cfg, &cfg.plan.talker)?;
         let talker = Talker::load_with(&files.talker, cfg.talker)?;
         Ok((pool, burst, talker))
@@ -1025,9 +1104,11 @@ fn run_job(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn cp_thread(
     files: ModelFiles,
     cfg: EngineConfig,
+    loan: Option<Arc<CoreLoan>>,
     ready: Ready,
     rx: Receiver<CpMsg>,
     reply: Sender<CpReply>,
@@ -1035,7 +1116,7 @@ fn cp_thread(
     first_done: Receiver<()>,
 ) {
     let setup = (|| -> Result<(Threadpool, Option<Threadpool>, CodePredictor), EngineError> {
-        let pool = pin(&cfg.plan.cp)?;
+        let pool = pin(&cfg.plan.cp, loan.as_ref())?;
         let burst = burst_pool(&cfg, &cfg.plan.cp)?;
         let mut cp = CodePredictor::load(&GgufFile::open(&files.mmproj)?)?;
         if cfg.q8_heads {
@@ -1138,12 +1219,13 @@ struct Active {
 fn decoder_thread(
     files: ModelFiles,
     cfg: EngineConfig,
+    loan: Option<Arc<CoreLoan>>,
     ready: Ready,
     rx: Receiver<DecMsg>,
     first_done: Sender<()>,
 ) {
     let setup = (|| -> Result<(Threadpool, Option<Threadpool>, Vocoder), EngineError> {
-        let pool = pin(&cfg.plan.decoder)?;
+        let pool = pin(&cfg.plan.decoder, None)?;
         let burst = burst_pool(&cfg, &cfg.plan.decoder)?;
         let mut voc = cfg
             .decoder
@@ -1207,7 +1289,8 @@ fn decoder_thread(
                             (Some(b), true) => b,
                             _ => &pool,
                         };
-                        decode_pending(&mut voc, on, a, &mut pcm, &mut metrics);
+                        let loan = loan.as_deref();
+                        decode_pending(&mut voc, on, loan, a, &mut pcm, &mut metrics);
                         a.chunk = chunk;
                     }
                 }
@@ -1218,7 +1301,8 @@ fn decoder_thread(
             }
             DecMsg::SegmentEnd => {
                 if let Some(a) = active.as_mut() {
-                    decode_pending(&mut voc, &pool, a, &mut pcm, &mut metrics);
+                    let loan = loan.as_deref();
+                    decode_pending(&mut voc, &pool, loan, a, &mut pcm, &mut metrics);
                 }
             }
             DecMsg::End(end) => {
@@ -1263,6 +1347,7 @@ fn decoder_thread(
 fn decode_pending(
     voc: &mut Vocoder,
     pool: &Threadpool,
+    loan: Option<&CoreLoan>,
     a: &mut Active,
     pcm: &mut [f32],
     metrics: &mut Metrics,
@@ -1273,6 +1358,7 @@ fn decode_pending(
         match decode_and_write(
             voc,
             pool,
+            loan,
             &a.pending,
             pcm,
             sink,
@@ -1297,6 +1383,7 @@ fn decode_pending(
 pub(crate) fn decode_and_write(
     voc: &mut Vocoder,
     pool: &Threadpool,
+    loan: Option<&CoreLoan>,
     frames: &[[u32; 16]],
     pcm: &mut [f32],
     sink: &mut dyn AudioSink,
@@ -1309,9 +1396,18 @@ pub(crate) fn decode_and_write(
     if n == 0 {
         return Ok(());
     }
-    let t = Instant::now();
     let out = &mut pcm[..n * FRAME_SAMPLES];
-    let d = voc.decode_frames(pool, frames, out)?;
+    // The cores this stage lends, back for the frames' compute only (not the sink's write,
+    // which may wait for the speaker).
+    let t = Instant::now();
+    let claim = loan.map(CoreLoan::claim);
+    if loan.is_some() {
+        record(&mut metrics.decoder_claim, t.elapsed());
+    }
+    let t = Instant::now();
+    let d = voc.decode_frames(pool, frames, out);
+    drop(claim);
+    let d = d?;
     let per = t.elapsed() / n as u32;
     for _ in 0..n {
         record(&mut metrics.decoder_frame, per);
@@ -1411,6 +1507,21 @@ mod tests {
         assert_eq!(p.all_cores(), vec![0, 1]);
     }
 
+    #[test]
+    fn lending_gives_the_decoder_core_0_and_lends_it_to_the_code_predictor() {
+        for n in [1, 3, 4] {
+            assert_eq!(ThreadPlan::lending(n), ThreadPlan::for_cores(n));
+        }
+        let p = ThreadPlan::lending(2);
+        p.check_loans().unwrap();
+        assert_eq!((p.decoder.cores.as_slice(), p.decoder.nice), (&[0][..], 0));
+        assert_eq!((p.cp.cores.as_slice(), p.cp.threads), (&[1][..], 1));
+        assert_eq!(p.cp.borrow, vec![0]);
+        assert_eq!(p.talker.cores, vec![1]);
+        assert!(p.talker.borrow.is_empty());
+        assert_eq!(p.all_cores(), vec![0, 1]);
+    }
+
     /// This process's thread ids.
     fn tasks() -> Vec<u32> {
         std::fs::read_dir("/proc/self/task")
@@ -1445,13 +1556,14 @@ mod tests {
             cores: Vec::new(),
             threads: 2,
             nice: 7,
+            borrow: Vec::new(),
         };
         // Linux gives a new thread its creator's name: the pool's workers are the threads named
         // as this one (other tests of this binary make threads of their own meanwhile).
         std::thread::Builder::new()
             .name("qtts-nice-test".into())
             .spawn(move || {
-                let _pool = pin(&plan).unwrap();
+                let _pool = pin(&plan, None).unwrap();
                 // SAFETY: a plain syscall.
                 let me = unsafe { libc::gettid() } as u32;
                 assert_eq!(nice_of(me), 7, "the stage's thread");
@@ -1476,9 +1588,10 @@ mod tests {
             cores: Vec::new(),
             threads: 1,
             nice: 20,
+            borrow: Vec::new(),
         };
         std::thread::spawn(move || {
-            let _pool = pin(&plan).unwrap();
+            let _pool = pin(&plan, None).unwrap();
             // SAFETY: a plain syscall on the calling thread.
             assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_IDLE);
         })

@@ -81,7 +81,7 @@ impl Serial {
                              metrics: &mut Metrics|
              -> Result<(), EngineError> {
                 let written = decode_and_write(
-                    voc, pool, pending, &mut pcm, sink, &never, started, summary, metrics,
+                    voc, pool, None, pending, &mut pcm, sink, &never, started, summary, metrics,
                 );
                 pending.clear();
                 written

@@ -15,7 +15,8 @@
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::{Mutex, Once};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Once};
 
 pub mod amx;
 mod ops;
@@ -260,6 +261,107 @@ impl Drop for Mmproj {
 pub struct Threadpool {
     ptr: NonNull<sys::ggml_threadpool>,
     n_threads: usize,
+    /// A wider pool over cores on loan, and the loan (see [`Threadpool::borrowing`]).
+    wide: Option<(Box<Threadpool>, Arc<CoreLoan>)>,
+}
+
+/// Cores one stage lends another between its own computes: the owner (the decoder) claims them
+/// back for a whole frame with [`CoreLoan::claim`]; a borrower's pool ([`Threadpool::borrowing`])
+/// runs a graph over them only when the owner holds no claim, one graph at a time, so the two
+/// never run threads on the same core at once. A claim waits at most for the borrower's graph
+/// in progress (one code-predictor sub-step, a few ms).
+#[derive(Debug, Default)]
+pub struct CoreLoan {
+    state: Mutex<LoanState>,
+    returned: Condvar,
+    lent: AtomicU64,
+    kept: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct LoanState {
+    /// The owner holds a claim (or waits for one).
+    claimed: bool,
+    /// A borrower's graph is running on the cores.
+    out: bool,
+}
+
+impl CoreLoan {
+    /// A loan with the cores at home and nobody waiting.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, LoanState> {
+        // The state is two flags, valid whatever a panicking holder left.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The owner takes the cores back until the returned guard drops: blocks while a borrower's
+    /// graph runs on them, and keeps any new one off them.
+    pub fn claim(&self) -> Claim<'_> {
+        let mut s = self.state();
+        s.claimed = true;
+        while s.out {
+            s = self.returned.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        Claim { loan: self }
+    }
+
+    /// Graphs the borrower ran on the cores, and graphs it ran without them (the owner held a
+    /// claim), since the loan was made.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.lent.load(Ordering::Relaxed),
+            self.kept.load(Ordering::Relaxed),
+        )
+    }
+
+    fn try_borrow(&self) -> bool {
+        let mut s = self.state();
+        let ok = !s.claimed && !s.out;
+        if ok {
+            s.out = true;
+            self.lent.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.kept.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    fn give_back(&self) {
+        let mut s = self.state();
+        s.out = false;
+        if s.claimed {
+            self.returned.notify_all();
+        }
+    }
+}
+
+/// The owner's hold on a [`CoreLoan`]'s cores; dropping it lends them again.
+#[derive(Debug)]
+pub struct Claim<'a> {
+    loan: &'a CoreLoan,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.loan.state().claimed = false;
+    }
+}
+
+/// Which pool a graph runs on: the wide one while it is on loan.
+struct Lease<'a> {
+    pool: &'a Threadpool,
+    loan: Option<&'a CoreLoan>,
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(l) = self.loan {
+            l.give_back();
+        }
+    }
 }
 
 // SAFETY: the pool is driven by whichever single thread computes a graph with it.
@@ -316,8 +418,34 @@ impl Threadpool {
             sys::ggml_threadpool_new(&mut params)
         };
         NonNull::new(ptr)
-            .map(|ptr| Threadpool { ptr, n_threads })
+            .map(|ptr| Threadpool {
+                ptr,
+                n_threads,
+                wide: None,
+            })
             .ok_or_else(err)
+    }
+
+    /// This pool, which runs a graph on `wide` instead whenever `loan`'s owner does not hold its
+    /// cores: `wide` is this pool's cores and the owner's, and must put its calling thread where
+    /// this pool does (ggml places a strict pool's calling thread on its highest core).
+    pub fn borrowing(mut self, wide: Threadpool, loan: Arc<CoreLoan>) -> Self {
+        self.wide = Some((Box::new(wide), loan));
+        self
+    }
+
+    /// The pool the next graph runs on (see [`Threadpool::borrowing`]), until the lease drops.
+    fn lease(&self) -> Lease<'_> {
+        match &self.wide {
+            Some((wide, loan)) if loan.try_borrow() => Lease {
+                pool: wide,
+                loan: Some(loan),
+            },
+            _ => Lease {
+                pool: self,
+                loan: None,
+            },
+        }
     }
 
     /// Worker count.
@@ -1041,22 +1169,38 @@ impl Graph<'_> {
     /// As [`Graph::compute`], with the caller's work buffer (grown as needed): for graphs built
     /// anew at every step in a reused context, so that the buffer outlives them.
     pub fn compute_with(&mut self, pool: &Threadpool, work: &mut Vec<u8>) -> Result<(), GgmlError> {
-        // SAFETY: the graph and pool are live; the plan's work buffer points into `work`, which
-        // is at least work_size bytes and outlives the compute call.
-        let status = unsafe {
-            let mut plan =
-                sys::ggml_graph_plan(self.ptr.as_ptr(), pool.n_threads() as i32, pool.as_ptr());
-            if work.len() < plan.work_size {
-                work.resize(plan.work_size, 0);
-            }
-            plan.work_data = work.as_mut_ptr();
-            sys::ggml_graph_compute(self.ptr.as_ptr(), &mut plan)
-        };
-        if status != sys::GGML_STATUS_SUCCESS {
-            return Err(GgmlError::Compute { status });
-        }
-        Ok(())
+        // SAFETY: the graph is live for 'ctx.
+        unsafe { compute_graph(self.ptr, pool, work) }
     }
+}
+
+/// Computes `graph` on `pool` (or the wider pool it borrows, see [`Threadpool::borrowing`]) with
+/// `work` as ggml's work buffer, grown as needed.
+///
+/// # Safety
+/// `graph` is a live graph whose tensors' memory stays allocated for the call.
+unsafe fn compute_graph(
+    graph: NonNull<sys::ggml_cgraph>,
+    pool: &Threadpool,
+    work: &mut Vec<u8>,
+) -> Result<(), GgmlError> {
+    let lease = pool.lease();
+    let pool = lease.pool;
+    // SAFETY: the caller's graph and a live pool; the plan's work buffer points into `work`,
+    // which is at least work_size bytes and outlives the compute call.
+    let status = unsafe {
+        let mut plan = sys::ggml_graph_plan(graph.as_ptr(), pool.n_threads() as i32, pool.as_ptr());
+        if work.len() < plan.work_size {
+            work.resize(plan.work_size, 0);
+        }
+        plan.work_data = work.as_mut_ptr();
+        sys::ggml_graph_compute(graph.as_ptr(), &mut plan)
+    };
+    drop(lease);
+    if status != sys::GGML_STATUS_SUCCESS {
+        return Err(GgmlError::Compute { status });
+    }
+    Ok(())
 }
 
 /// Quantizes `rows` rows of `n_per_row` f32 values to ggml type `ty` with ggml's own quantizer.
@@ -1549,21 +1693,8 @@ impl OwnedGraph {
 
     /// Computes the graph on `pool`.
     pub fn compute(&mut self, pool: &Threadpool) -> Result<(), GgmlError> {
-        // SAFETY: the graph lives in self.ctx; the work buffer outlives the call (as in
-        // Graph::compute).
-        let status = unsafe {
-            let mut plan =
-                sys::ggml_graph_plan(self.graph.as_ptr(), pool.n_threads() as i32, pool.as_ptr());
-            if self.work.len() < plan.work_size {
-                self.work.resize(plan.work_size, 0);
-            }
-            plan.work_data = self.work.as_mut_ptr();
-            sys::ggml_graph_compute(self.graph.as_ptr(), &mut plan)
-        };
-        if status != sys::GGML_STATUS_SUCCESS {
-            return Err(GgmlError::Compute { status });
-        }
-        Ok(())
+        // SAFETY: the graph lives in self.ctx, which outlives the call.
+        unsafe { compute_graph(self.graph, pool, &mut self.work) }
     }
 }
 
@@ -1612,4 +1743,42 @@ pub fn dequantize_into(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_waits_for_the_graph_on_loan_and_keeps_new_ones_off() {
+        let loan = CoreLoan::new();
+        assert!(loan.try_borrow(), "nobody claims: lent");
+        let claimed = Arc::new(AtomicU64::new(0));
+        let owner = {
+            let (loan, claimed) = (loan.clone(), claimed.clone());
+            std::thread::spawn(move || {
+                let _claim = loan.claim();
+                claimed.store(1, Ordering::SeqCst);
+                // Hold it until the borrower has tried again.
+                while loan.counts().1 == 0 {
+                    std::thread::yield_now();
+                }
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(
+            claimed.load(Ordering::SeqCst),
+            0,
+            "the claim waits for the loan"
+        );
+        loan.give_back();
+        while claimed.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        assert!(!loan.try_borrow(), "claimed: kept off");
+        owner.join().unwrap();
+        assert!(loan.try_borrow(), "the claim dropped: lent again");
+        loan.give_back();
+        assert_eq!(loan.counts(), (2, 1));
+    }
 }
