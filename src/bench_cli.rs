@@ -187,8 +187,11 @@ impl TalkerArg {
 /// Thread plans to compare (2 or more cores; on one core every plan is the default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlanArg {
-    /// The engine's: [`ThreadPlan::for_cores`].
+    /// The engine's: [`ThreadPlan::default_for`] (the same as `lend`).
     Default,
+    /// Talker and code predictor on one core, the decoder on the other ([`ThreadPlan::for_cores`],
+    /// the default before `lend`).
+    Split,
     /// The code predictor's ggml threads over every core; the decoder keeps its own at nice 19,
     /// so that it yields the core whenever the code predictor's second thread has work.
     CpShared,
@@ -215,11 +218,12 @@ impl PlanArg {
         if cores < 2 {
             return ThreadPlan::for_cores(cores);
         }
-        // Every plan but the default shares the code predictor over every core; they differ in
-        // the decoder's priority and the talker's cores.
+        // Every plan below but the first three shares the code predictor over every core; they
+        // differ in the decoder's priority and the talker's cores.
         let mut plan = ThreadPlan::cp_on_every_core(cores);
         match self {
-            PlanArg::Default => return ThreadPlan::for_cores(cores),
+            PlanArg::Default => return ThreadPlan::default_for(cores),
+            PlanArg::Split => return ThreadPlan::for_cores(cores),
             PlanArg::Lend => return ThreadPlan::lending(cores),
             PlanArg::TalkerCpLend => {
                 let mut plan = ThreadPlan::lending(cores);

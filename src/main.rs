@@ -150,9 +150,10 @@ struct SpeakArgs {
     /// f32 KV cache, flash attention off: matches the float32 reference (slower).
     #[arg(long)]
     exact: bool,
-    /// The code predictor on every core, the decoder yielding its core under SCHED_IDLE: 1.15-1.3x
-    /// faster on 2 cores (real time at q4_k when they are otherwise idle, PERFORMANCE.md), but
-    /// other busy programs starve the decoder.
+    /// The code predictor on every core, the decoder yielding its core under SCHED_IDLE: real time
+    /// at q4_k on 2 cores when they are otherwise idle, about as fast as the default (which lends
+    /// the decoder's core between frames) when they are not, and other busy programs starve the
+    /// decoder (PERFORMANCE.md).
     #[arg(long)]
     cp_on_every_core: bool,
     /// The decoder's matrices: auto (bf16 where the CPU has AMX, else f32), f32 (exact), bf16
@@ -292,7 +293,7 @@ fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
             if args.cp_on_every_core {
                 ThreadPlan::cp_on_every_core(n)
             } else {
-                ThreadPlan::for_cores(n)
+                ThreadPlan::default_for(n)
             }
         },
         exact: args.exact,

@@ -353,3 +353,57 @@ fn half_round(x: f32) -> f32 {
     }
     f32::from_bits(r)
 }
+
+/// `rows3_after` is `head`'s rows, then the row kernel of `x`'s, whatever the thread count; it
+/// refuses shapes that do not line up.
+#[test]
+fn rows3_after_puts_the_kernel_rows_behind_the_head() {
+    fn kernel(x: &[f32], b: &[f32], c: &[f32], y: &mut [f32]) {
+        for i in 0..x.len() {
+            y[i] = x[i] * b[i] + c[i];
+        }
+    }
+    // A thread's share of the rows holds head rows, kernel rows or both.
+    for (ne0, h, t, threads) in [(5, 3, 7, 1), (5, 3, 7, 2), (4, 7, 2, 2)] {
+        let head = values(ne0 * h, 1);
+        let x = values(ne0 * t, 2);
+        let (b, c) = (values(ne0, 3), values(ne0, 4));
+        let pool = Threadpool::new(threads, &[]).unwrap();
+        let ctx = Context::new(1 << 20).unwrap();
+        let th = ctx.new_f32(&[ne0, h]).unwrap();
+        th.write_f32(&head).unwrap();
+        let tx = ctx.new_f32(&[ne0, t]).unwrap();
+        tx.write_f32(&x).unwrap();
+        let tb = ctx.new_f32(&[ne0]).unwrap();
+        tb.write_f32(&b).unwrap();
+        let tc = ctx.new_f32(&[ne0]).unwrap();
+        tc.write_f32(&c).unwrap();
+        let y = ctx.rows3_after(th, tx, tb, tc, kernel).unwrap();
+        assert_eq!(y.ne(), [ne0, h + t, 1, 1]);
+        ctx.graph(y).unwrap().compute(&pool).unwrap();
+        let got = y.to_vec();
+        assert_eq!(
+            &got[..ne0 * h],
+            &head[..],
+            "{threads} threads: the head's rows"
+        );
+        for (r, row) in got[ne0 * h..].chunks(ne0).enumerate() {
+            for i in 0..ne0 {
+                assert_eq!(
+                    row[i],
+                    x[r * ne0 + i] * b[i] + c[i],
+                    "{threads} threads, row {r}"
+                );
+            }
+        }
+        let narrow = ctx.new_f32(&[ne0 - 1, h]).unwrap();
+        assert!(matches!(
+            ctx.rows3_after(narrow, tx, tb, tc, kernel),
+            Err(GgmlError::Shape { .. })
+        ));
+        assert!(matches!(
+            ctx.rows3_after(th, tx, tx, tc, kernel),
+            Err(GgmlError::Shape { .. })
+        ));
+    }
+}

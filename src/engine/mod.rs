@@ -99,8 +99,9 @@ pub struct ThreadPlan {
 }
 
 impl ThreadPlan {
-    /// The default plan for `n` cores. The talker and the code predictor alternate, so they share
-    /// the same cores without competing; the decoder gets the others. Never more ggml threads than
+    /// The split plan for `n` cores (the default before [`ThreadPlan::lending`], which keeps it on
+    /// every core count but 2). The talker and the code predictor alternate, so they share the
+    /// same cores without competing; the decoder gets the others. Never more ggml threads than
     /// cores in a stage's set: ggml threads plus another busy thread on the same core collapse
     /// throughput (10x, `../shared/origin`).
     /// - 1 core: everything on core 0, 1 thread each.
@@ -219,9 +220,15 @@ impl ThreadPlan {
         all
     }
 
-    /// [`ThreadPlan::for_cores`] of the cores this process may use.
+    /// The default plan for `n` cores: [`ThreadPlan::lending`] (1.25x faster than the split
+    /// plan on 2 cores, PERFORMANCE.md).
+    pub fn default_for(n: usize) -> Self {
+        Self::lending(n)
+    }
+
+    /// [`ThreadPlan::default_for`] the cores this process may use.
     pub fn detect() -> Self {
-        Self::for_cores(Self::available_cores())
+        Self::default_for(Self::available_cores())
     }
 
     /// The cores this process may use (at least 1).
@@ -412,7 +419,7 @@ pub enum EngineError {
     #[error("the text is empty after clean-up; nothing to speak")]
     EmptyText,
     /// The thread plan cannot run.
-    /// Fix [`EngineConfig::plan`] (or use [`ThreadPlan::for_cores`]).
+    /// Fix [`EngineConfig::plan`] (or use [`ThreadPlan::default_for`]).
     #[error("thread plan: expected {expected}, found {found}")]
     Plan {
         /// What a plan needs.

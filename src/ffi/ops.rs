@@ -268,18 +268,46 @@ unsafe extern "C" fn rows3_trampoline(
     // f32 tensors of the same shape, `b` and `c` contiguous f32 rows of `a`'s row length, all
     // allocated by the time ggml computes the node.
     unsafe {
-        let kernel: RowKernel3 =
-            std::mem::transmute::<*mut std::os::raw::c_void, RowKernel3>(userdata);
         let ne = (*a).ne;
         let (ne0, rows) = (ne[0] as usize, (ne[1] * ne[2] * ne[3]) as usize);
         let (r0, r1) = thread_share(rows, ith, nth);
-        let x = (*a).data as *const f32;
         let y = (*dst).data as *mut f32;
+        kernel_rows(
+            userdata,
+            (*a).data as *const f32,
+            b,
+            c,
+            ne0,
+            r0..r1,
+            y.add(r0 * ne0),
+        );
+    }
+}
+
+/// The row kernel carried in `userdata` on rows `rows` of `x` (rows of `ne0`), with the single
+/// rows `b` and `c`, written from `y` on.
+///
+/// # Safety
+/// `userdata` is a [`RowKernel3`]; `x` holds the rows, `b` and `c` are allocated contiguous f32
+/// tensors of `ne0` values, `y` has room for the rows.
+unsafe fn kernel_rows(
+    userdata: *mut std::os::raw::c_void,
+    x: *const f32,
+    b: *const sys::ggml_tensor,
+    c: *const sys::ggml_tensor,
+    ne0: usize,
+    rows: std::ops::Range<usize>,
+    y: *mut f32,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let kernel: RowKernel3 =
+            std::mem::transmute::<*mut std::os::raw::c_void, RowKernel3>(userdata);
         let bv = std::slice::from_raw_parts((*b).data as *const f32, ne0);
         let cv = std::slice::from_raw_parts((*c).data as *const f32, ne0);
-        for r in r0..r1 {
+        for (i, r) in rows.enumerate() {
             let xr = std::slice::from_raw_parts(x.add(r * ne0), ne0);
-            let yr = std::slice::from_raw_parts_mut(y.add(r * ne0), ne0);
+            let yr = std::slice::from_raw_parts_mut(y.add(i * ne0), ne0);
             // A panic must not unwind into ggml; the kernels here do not panic on rows of
             // matching lengths, and a caught one leaves the row as it was.
             let _ =
@@ -321,6 +349,111 @@ impl Context {
                 b.ptr.as_ptr(),
                 c.ptr.as_ptr(),
                 Some(rows3_trampoline),
+                -1, // GGML_N_TASKS_MAX: every thread of the graph
+                kernel as *mut std::os::raw::c_void,
+            )
+        })
+    }
+}
+
+/// ggml's side of [`Context::rows3_after`]: splits the rows of `dst` over the graph's threads;
+/// the first rows are copies of `head`'s, the others the kernel of `x`'s rows.
+unsafe extern "C" fn rows3_after_trampoline(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    userdata: *mut std::os::raw::c_void,
+) {
+    // SAFETY: `rows3_after` built this node: `userdata` is a `RowKernel3`; the sources are, in
+    // order, `x` (contiguous f32, rows of ne0), `b` and `c` (one row of ne0 each) and `head`
+    // (contiguous f32, rows of ne0); `dst` is contiguous f32 with head's rows then x's; all are
+    // allocated by the time ggml computes the node.
+    unsafe {
+        let [x, b, c, head] = [0, 1, 2, 3].map(|i| (*dst).src[i]);
+        let ne0 = (*dst).ne[0] as usize;
+        let rows = ((*dst).ne[1] * (*dst).ne[2] * (*dst).ne[3]) as usize;
+        let h = ((*head).ne[1] * (*head).ne[2] * (*head).ne[3]) as usize;
+        let (r0, r1) = thread_share(rows, ith, nth);
+        let y = (*dst).data as *mut f32;
+        let copied = r1.min(h).max(r0);
+        if copied > r0 {
+            let hv = (*head).data as *const f32;
+            std::ptr::copy_nonoverlapping(hv.add(r0 * ne0), y.add(r0 * ne0), (copied - r0) * ne0);
+        }
+        // Row r of dst is row r − h of x (copied ≥ h whenever rows are left).
+        if copied < r1 {
+            let xs = (*x).data as *const f32;
+            kernel_rows(
+                userdata,
+                xs,
+                b,
+                c,
+                ne0,
+                copied - h..r1 - h,
+                y.add(copied * ne0),
+            );
+        }
+    }
+}
+
+impl Context {
+    /// `head`'s rows, then [`Context::rows3`]`(x, b, c, kernel)`'s, in one new tensor of `ne0 ×
+    /// (h + t)` (`head` is `ne0 × h`, `x` is `ne0 × t`): a causal conv's left context in front of
+    /// its fused activation, with no separate copy of the activation for the concatenation.
+    pub fn rows3_after<'a>(
+        &'a self,
+        head: Tensor<'a>,
+        x: Tensor<'a>,
+        b: Tensor<'a>,
+        c: Tensor<'a>,
+        kernel: RowKernel3,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        for (what, t) in [
+            ("rows3_after head", head),
+            ("rows3_after x", x),
+            ("rows3_after b", b),
+            ("rows3_after c", c),
+        ] {
+            Self::dense_f32(what, t)?;
+        }
+        let (ne0, nh, nx) = (x.ne()[0], head.ne(), x.ne());
+        for (what, t) in [("rows3_after b", b), ("rows3_after c", c)] {
+            if t.n_elems() != ne0 {
+                return Err(GgmlError::Shape {
+                    what,
+                    expected: format!("one row of {ne0} values"),
+                    found: format!("{:?}", t.ne()),
+                });
+            }
+        }
+        if nh[0] != ne0 || nh[2..] != [1, 1] || nx[2..] != [1, 1] {
+            return Err(GgmlError::Shape {
+                what: "rows3_after head",
+                expected: format!("[{ne0}, h] after x of {nx:?}"),
+                found: format!("{nh:?}"),
+            });
+        }
+        let rows = nh[1] + nx[1];
+        let mut args = [
+            x.ptr.as_ptr(),
+            b.ptr.as_ptr(),
+            c.ptr.as_ptr(),
+            head.ptr.as_ptr(),
+        ];
+        // SAFETY: the tensors are live, contiguous f32 and shaped as the trampoline expects
+        // (checked above); ggml copies the argument pointers into the node; the kernel is a plain
+        // function pointer, valid for the program's life.
+        self.op(ne0 * rows, |ctx| unsafe {
+            sys::ggml_custom_4d(
+                ctx,
+                sys::GGML_TYPE_F32,
+                ne0 as i64,
+                rows as i64,
+                1,
+                1,
+                args.as_mut_ptr(),
+                args.len() as i32,
+                Some(rows3_after_trampoline),
                 -1, // GGML_N_TASKS_MAX: every thread of the graph
                 kernel as *mut std::os::raw::c_void,
             )

@@ -959,33 +959,68 @@ impl<'a> Builder<'a> {
         k: usize,
         d: usize,
     ) -> Result<Tensor<'a>, GgmlError> {
+        let xp = match hist {
+            Some(h) => self.with_context(x, h)?,
+            None => x,
+        };
+        self.conv_on(xp, name, hist.is_some(), k, d)
+    }
+
+    /// [`Builder::conv`] on its input `xp` with the left context already in front of it when
+    /// `context` (see [`Builder::snake_with_context`]).
+    fn conv_on(
+        &mut self,
+        xp: Tensor<'a>,
+        name: &str,
+        context: bool,
+        k: usize,
+        d: usize,
+    ) -> Result<Tensor<'a>, GgmlError> {
         let c = self.c;
         let w = self.wt(&format!("{name}.weight"))?;
         if self.w.get(&format!("{name}.weight.kshape")).is_none() {
             // Stored for the host product (see `Loader::conv`).
-            let xp = match hist {
-                Some(h) => self.with_context(x, h)?,
-                None => x,
-            };
             return c.add_inplace(c.conv_gemm(w, xp, k, d)?, self.wt(&format!("{name}.bias"))?);
         }
-        let y = match hist {
-            Some(h) => {
-                let xp = self.with_context(x, h)?;
-                let shape = self.wt(&format!("{name}.weight.kshape"))?;
-                if shape.ne()[0] != k {
-                    return Err(GgmlError::Shape {
-                        what: "conv kernel",
-                        expected: format!("{k} taps"),
-                        found: format!("{:?}", shape.ne()),
-                    });
-                }
-                let cols = c.im2col_1d(shape, c.cont(c.permute(xp, [1, 0, 2, 3])?)?, d)?;
-                c.mul_mat(w, cols)?
+        let y = if context {
+            let shape = self.wt(&format!("{name}.weight.kshape"))?;
+            if shape.ne()[0] != k {
+                return Err(GgmlError::Shape {
+                    what: "conv kernel",
+                    expected: format!("{k} taps"),
+                    found: format!("{:?}", shape.ne()),
+                });
             }
-            None => c.mul_mat(w, x)?,
+            let cols = c.im2col_1d(shape, c.cont(c.permute(xp, [1, 0, 2, 3])?)?, d)?;
+            c.mul_mat(w, cols)?
+        } else {
+            c.mul_mat(w, xp)?
         };
         c.add_inplace(y, self.wt(&format!("{name}.bias"))?)
+    }
+
+    /// SnakeBeta `name` of `x`, after the left context in state tensor `hist`: as
+    /// [`Builder::snake`] then [`Builder::with_context`], in one pass when the snake is fused
+    /// ([`Context::rows3_after`]: the activation is written once, behind the context).
+    fn snake_with_context(
+        &mut self,
+        x: Tensor<'a>,
+        name: &str,
+        hist: &str,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        if !self.fused_snake {
+            let y = self.snake(x, name)?;
+            return self.with_context(y, hist);
+        }
+        let c = self.c;
+        let h = self.st(hist)?;
+        let alpha = self.wt(&format!("{name}.alpha"))?;
+        let inv_beta = self.wt(&format!("{name}.beta"))?;
+        let xp = c.rows3_after(h, x, alpha, inv_beta, snake::row)?;
+        let keep = h.ne()[1];
+        self.writes
+            .push(c.copy_into(c.rows(xp, x.ne()[1], keep)?, h)?);
+        Ok(xp)
     }
 
     /// SnakeBeta `name`: `x + β⁻¹ · sin²(α · x)` (α and β⁻¹ stored as such), in one new buffer.
@@ -1197,9 +1232,9 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
         )?;
         for (j, dil) in [1, 3, 9].into_iter().enumerate() {
             let rb = format!("{db}.res.{j}");
-            let h = b.snake(y, &format!("{rb}.act1"))?;
             let hist = format!("hist.blk.{i}.res.{j}");
-            let h = b.conv(h, &format!("{rb}.conv1"), Some(&hist), K7, dil)?;
+            let hp = b.snake_with_context(y, &format!("{rb}.act1"), &hist)?;
+            let h = b.conv_on(hp, &format!("{rb}.conv1"), true, K7, dil)?;
             let h = b.snake(h, &format!("{rb}.act2"))?;
             let h = b.conv(h, &format!("{rb}.conv2"), None, 1, 1)?;
             // The residual sum goes into h's buffer (y is read by nothing later).
