@@ -205,11 +205,11 @@ pub enum PlanArg {
     CpSharedIdle,
     /// As `cp-shared-idle`, the talker's threads over every core too.
     TalkerCpSharedIdle,
-    /// The code predictor borrows the decoder's core between the decoder's frames, nobody's
-    /// priority changed ([`ThreadPlan::lending`]).
+    /// The talker and the code predictor borrow the decoder's core between the decoder's
+    /// frames, nobody's priority changed ([`ThreadPlan::lending`], the default).
     Lend,
-    /// As `lend`, the talker borrowing too.
-    TalkerCpLend,
+    /// As `lend`, the code predictor alone borrowing.
+    CpLend,
 }
 
 impl PlanArg {
@@ -225,9 +225,9 @@ impl PlanArg {
             PlanArg::Default => return ThreadPlan::default_for(cores),
             PlanArg::Split => return ThreadPlan::for_cores(cores),
             PlanArg::Lend => return ThreadPlan::lending(cores),
-            PlanArg::TalkerCpLend => {
+            PlanArg::CpLend => {
                 let mut plan = ThreadPlan::lending(cores);
-                plan.talker = plan.cp.clone();
+                plan.talker.borrow.clear();
                 return plan;
             }
             PlanArg::CpSharedIdle => {}

@@ -65,7 +65,10 @@ fn pipeline_reproduces_the_oracle_and_the_serial_run() {
             plan: ThreadPlan::lending(2),
             ..config()
         };
+        let mut lending_cp_config = lending_config.clone();
+        lending_cp_config.plan.talker.borrow.clear();
         let mut lending = Engine::load(&files(&out), lending_config).unwrap();
+        let mut lending_cp = Engine::load(&files(&out), lending_cp_config).unwrap();
         for (run_name, mode) in [
             ("generate_stream", TextMode::Streaming),
             ("generate_nonstream", TextMode::NonStreaming),
@@ -97,10 +100,16 @@ fn pipeline_reproduces_the_oracle_and_the_serial_run() {
             assert_eq!(ss.codes, s.codes);
             assert!(mem.samples == wav, "{name} {run_name}: serial differs");
 
-            // So does the plan where the code predictor borrows the decoder's core.
-            let (sl, wl) = run(&mut lending, req.clone());
-            assert_eq!(sl.codes, s.codes);
-            assert!(wl == wav, "{name} {run_name}: the lending plan differs");
+            // So do the plans where the talker and the code predictor, or the code predictor
+            // alone, borrow the decoder's core.
+            for (plan, engine) in [("talker and cp", &mut lending), ("cp", &mut lending_cp)] {
+                let (sl, wl) = run(engine, req.clone());
+                assert_eq!(sl.codes, s.codes, "{name} {run_name}: {plan} lending");
+                assert!(
+                    wl == wav,
+                    "{name} {run_name}: the {plan} lending plan differs"
+                );
+            }
         }
     }
 }
@@ -170,28 +179,34 @@ impl AudioSink for Pausable {
 fn a_paused_sink_stops_the_producers() {
     let _guard = serial_guard();
     let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
-    let cfg = config();
-    let queue = cfg.codes_queue;
-    let mut engine = Engine::load(&files(&out), cfg).unwrap();
-    let paused = Arc::new(AtomicBool::new(true));
-    let mut req = Request::text("A sentence long enough for many frames.");
-    req.max_frames = Some(100);
-    let sink = Pausable {
-        paused: paused.clone(),
-        samples: 0,
+    // The lending plan too, whose code predictor reserves the decoder's core for the talker.
+    let lending = EngineConfig {
+        plan: ThreadPlan::lending(2),
+        ..config()
     };
-    let s = engine.synthesize(req, Box::new(sink));
-    std::thread::sleep(Duration::from_millis(800));
-    // One frame in the blocked write, the queue full, one in the code predictor's send, one
-    // waiting in the talker: nothing more.
-    let made = s.frames();
-    assert!(made <= 1 + queue + 2, "{made} frames made while paused");
-    paused.store(false, Ordering::Release);
-    let (summary, sink) = s.wait();
-    let summary = summary.unwrap();
-    assert_eq!(summary.frames, 100);
-    let sink: Pausable = downcast_sink(sink).unwrap();
-    assert_eq!(sink.samples, 100 * 1920);
+    for cfg in [config(), lending] {
+        let queue = cfg.codes_queue;
+        let mut engine = Engine::load(&files(&out), cfg).unwrap();
+        let paused = Arc::new(AtomicBool::new(true));
+        let mut req = Request::text("A sentence long enough for many frames.");
+        req.max_frames = Some(100);
+        let sink = Pausable {
+            paused: paused.clone(),
+            samples: 0,
+        };
+        let s = engine.synthesize(req, Box::new(sink));
+        std::thread::sleep(Duration::from_millis(800));
+        // One frame in the blocked write, the queue full, one in the code predictor's send, one
+        // waiting in the talker: nothing more.
+        let made = s.frames();
+        assert!(made <= 1 + queue + 2, "{made} frames made while paused");
+        paused.store(false, Ordering::Release);
+        let (summary, sink) = s.wait();
+        let summary = summary.unwrap();
+        assert_eq!(summary.frames, 100);
+        let sink: Pausable = downcast_sink(sink).unwrap();
+        assert_eq!(sink.samples, 100 * 1920);
+    }
 }
 
 fn threads() -> usize {
@@ -304,6 +319,7 @@ fn dropping_the_engine_joins_its_threads_and_errors_are_typed() {
     // refused before any thread starts.
     for (borrow, cores) in [(vec![1], vec![1]), (vec![0], vec![0]), (vec![1], vec![0])] {
         let mut plan = ThreadPlan::lending(2);
+        plan.talker.borrow.clear();
         (plan.cp.borrow, plan.cp.cores, plan.decoder.cores) = (borrow, cores, vec![1]);
         let e = Engine::load(&files(&out), EngineConfig { plan, ..config() }).unwrap_err();
         assert!(matches!(e, qtts::engine::EngineError::Plan { .. }), "{e}");

@@ -39,13 +39,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 
 use crate::audio::{AudioError, AudioSink, FRAME_SAMPLES};
 use crate::code_predictor::CodePredictor;
 pub use crate::code_predictor::LayerKernel;
 use crate::error::ModelError;
-use crate::ffi::{CoreLoan, GgmlError, Threadpool};
+use crate::ffi::{CoreLoan, GgmlError, Reservation, Threadpool};
 use crate::gguf::GgufFile;
 use crate::metrics::{record, Metrics};
 use crate::sampling::{Sampler, SamplingParams};
@@ -167,11 +167,13 @@ impl ThreadPlan {
         plan
     }
 
-    /// On 2 cores: the decoder on core 0, the talker and the code predictor on core 1, and the
-    /// code predictor borrows core 0 for its sub-steps whenever the decoder is not decoding
-    /// ([`StagePlan::borrow`]). Nobody's priority changes and no two threads of ours share a
-    /// core: the decoder gets its core back within one sub-step. Otherwise the same as
-    /// [`ThreadPlan::for_cores`].
+    /// On 2 cores: the decoder on core 0, the talker and the code predictor on core 1, and both
+    /// borrow core 0 for their graphs whenever the decoder is not decoding
+    /// ([`StagePlan::borrow`]). The code predictor reserves it for the talker's next step before
+    /// it hands the decoder a frame, so the decoder decodes beside the code predictor's first
+    /// sub-steps rather than beside the talker's step. Nobody's priority changes and no two
+    /// threads of ours share a core: the decoder gets its core back within one graph. Otherwise
+    /// the same as [`ThreadPlan::for_cores`].
     pub fn lending(n: usize) -> Self {
         if n != 2 {
             return Self::for_cores(n);
@@ -180,6 +182,7 @@ impl ThreadPlan {
         plan.talker.cores = vec![1];
         plan.cp.cores = vec![1];
         plan.cp.borrow = vec![0];
+        plan.talker.borrow = vec![0];
         plan.decoder.cores = vec![0];
         plan
     }
@@ -220,7 +223,7 @@ impl ThreadPlan {
         all
     }
 
-    /// The default plan for `n` cores: [`ThreadPlan::lending`] (1.25x faster than the split
+    /// The default plan for `n` cores: [`ThreadPlan::lending`] (1.2-1.3x faster than the split
     /// plan on 2 cores, PERFORMANCE.md).
     pub fn default_for(n: usize) -> Self {
         Self::lending(n)
@@ -605,6 +608,9 @@ enum CpReply {
     Frame {
         hidden: Vec<f32>,
         embedded: Vec<f32>,
+        /// The decoder's cores, reserved for the talker's next step when it borrows them: the
+        /// decoder decodes after that step instead of beside it. Dropped after the step.
+        cores: Option<Reservation>,
     },
     Failed(EngineError, Vec<f32>, Vec<f32>),
     Metrics(Box<Metrics>),
@@ -1086,8 +1092,12 @@ fn run_job(
                     reseed: reseed.take(),
                 })
                 .map_err(|_| gone("cp"))?;
-            let (hidden, embedded) = match reply_rx.recv().map_err(|_| gone("cp"))? {
-                CpReply::Frame { hidden, embedded } => (hidden, embedded),
+            let (hidden, embedded, cores) = match reply_rx.recv().map_err(|_| gone("cp"))? {
+                CpReply::Frame {
+                    hidden,
+                    embedded,
+                    cores,
+                } => (hidden, embedded, cores),
                 CpReply::Failed(e, hidden, embedded) => {
                     *bufs = Some((hidden, embedded));
                     return Err(e);
@@ -1097,8 +1107,12 @@ fn run_job(
             record(&mut metrics.talker_wait, t.elapsed());
             report.frames += 1;
             progress.fetch_add(1, Ordering::AcqRel);
+            // llama.cpp's talker computes on its own pools: the reservation would only hold the
+            // decoder back.
+            let cores = cores.filter(|_| session.talker().runtime() != TalkerRuntime::LlamaCpp);
             let t = Instant::now();
             next = session.feed(&embedded);
+            drop(cores);
             record(&mut metrics.talker_step, t.elapsed());
             *bufs = Some((hidden, embedded));
         };
@@ -1193,16 +1207,37 @@ fn cp_thread(
                 // With the burst, an utterance's first frame is decoded on every core next; the
                 // talker and this stage wait for it rather than compete for the cores.
                 let first = reseed.is_some() && burst.is_some();
+                // A borrowing talker's next step gets the decoder's cores before the decoder
+                // claims them for these codes (not for a burst frame, which the talker waits for).
+                let mut cores = match (&loan, first) {
+                    (Some(l), false) if !cfg.plan.talker.borrow.is_empty() => l.reserve(),
+                    _ => None,
+                };
                 let msg = if first {
                     DecMsg::FirstFrame(codes)
                 } else {
                     DecMsg::Frame(codes)
                 };
-                if dec_tx.send(msg).is_err() || (first && first_done.recv().is_err()) {
+                // A full queue means the decoder is behind: it keeps its cores rather than wait
+                // for the talker's step too.
+                let sent = match dec_tx.try_send(msg) {
+                    Ok(()) => Ok(()),
+                    Err(TrySendError::Full(msg)) => {
+                        cores = None;
+                        dec_tx.send(msg).map_err(|_| ())
+                    }
+                    Err(TrySendError::Disconnected(_)) => Err(()),
+                };
+                if sent.is_err() || (first && first_done.recv().is_err()) {
                     return;
                 }
                 record(&mut metrics.cp_send_wait, t.elapsed());
-                if reply.send(CpReply::Frame { hidden, embedded }).is_err() {
+                let frame = CpReply::Frame {
+                    hidden,
+                    embedded,
+                    cores,
+                };
+                if reply.send(frame).is_err() {
                     return;
                 }
             }
@@ -1515,7 +1550,7 @@ mod tests {
     }
 
     #[test]
-    fn lending_gives_the_decoder_core_0_and_lends_it_to_the_code_predictor() {
+    fn lending_gives_the_decoder_core_0_and_lends_it_to_the_talker_and_the_code_predictor() {
         for n in [1, 3, 4] {
             assert_eq!(ThreadPlan::lending(n), ThreadPlan::for_cores(n));
         }
@@ -1524,8 +1559,10 @@ mod tests {
         assert_eq!((p.decoder.cores.as_slice(), p.decoder.nice), (&[0][..], 0));
         assert_eq!((p.cp.cores.as_slice(), p.cp.threads), (&[1][..], 1));
         assert_eq!(p.cp.borrow, vec![0]);
-        assert_eq!(p.talker.cores, vec![1]);
-        assert!(p.talker.borrow.is_empty());
+        assert_eq!(
+            (p.talker.cores.as_slice(), p.talker.borrow.as_slice()),
+            (&[1][..], &[0][..])
+        );
         assert_eq!(p.all_cores(), vec![0, 1]);
     }
 

@@ -282,8 +282,10 @@ pub struct CoreLoan {
 struct LoanState {
     /// The owner holds a claim (or waits for one).
     claimed: bool,
-    /// A borrower's graph is running on the cores.
+    /// A borrower's graph is running on the cores, or they are reserved for the next one.
     out: bool,
+    /// The cores are out for the next borrowing graph ([`CoreLoan::reserve`]).
+    reserved: bool,
 }
 
 impl CoreLoan {
@@ -317,8 +319,27 @@ impl CoreLoan {
         )
     }
 
+    /// Takes the cores out now for the next borrowing graph, whoever runs it, so that a claim
+    /// made meanwhile waits for that graph to end; `None` when the owner holds them or they are
+    /// out already. Dropping the reservation unused gives them back.
+    pub fn reserve(self: &Arc<Self>) -> Option<Reservation> {
+        let mut s = self.state();
+        if s.claimed || s.out {
+            return None;
+        }
+        s.out = true;
+        s.reserved = true;
+        Some(Reservation { loan: self.clone() })
+    }
+
     fn try_borrow(&self) -> bool {
         let mut s = self.state();
+        if s.reserved {
+            // The reservation becomes this graph's loan.
+            s.reserved = false;
+            self.lent.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
         let ok = !s.claimed && !s.out;
         if ok {
             s.out = true;
@@ -334,6 +355,26 @@ impl CoreLoan {
         s.out = false;
         if s.claimed {
             self.returned.notify_all();
+        }
+    }
+}
+
+/// Cores taken out by [`CoreLoan::reserve`] for the next borrowing graph; dropping it before a
+/// graph took them gives them back.
+#[derive(Debug)]
+pub struct Reservation {
+    loan: Arc<CoreLoan>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut s = self.loan.state();
+        if s.reserved {
+            s.reserved = false;
+            s.out = false;
+            if s.claimed {
+                self.loan.returned.notify_all();
+            }
         }
     }
 }
@@ -1780,5 +1821,39 @@ mod tests {
         assert!(loan.try_borrow(), "the claim dropped: lent again");
         loan.give_back();
         assert_eq!(loan.counts(), (2, 1));
+    }
+
+    #[test]
+    fn a_reservation_holds_a_claim_off_until_a_graph_used_it_or_it_dropped() {
+        let loan = CoreLoan::new();
+        let r = loan.reserve().unwrap();
+        assert!(loan.reserve().is_none(), "out already");
+        let claimed = Arc::new(AtomicU64::new(0));
+        let owner = {
+            let (loan, claimed) = (loan.clone(), claimed.clone());
+            std::thread::spawn(move || {
+                let _claim = loan.claim();
+                claimed.store(1, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(
+            claimed.load(Ordering::SeqCst),
+            0,
+            "reserved: the claim waits"
+        );
+        // The next borrowing graph takes the reservation, claim or not.
+        assert!(loan.try_borrow());
+        drop(r);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(claimed.load(Ordering::SeqCst), 0, "the graph still runs");
+        loan.give_back();
+        owner.join().unwrap();
+        assert_eq!(claimed.load(Ordering::SeqCst), 1);
+        // Unused, a reservation gives the cores back when it drops.
+        let r = loan.reserve().unwrap();
+        drop(r);
+        let _claim = loan.claim();
+        assert!(!loan.try_borrow());
     }
 }
