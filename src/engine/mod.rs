@@ -81,7 +81,7 @@ pub struct StagePlan {
     pub nice: i32,
     /// Cores of the decoder this stage borrows: each of its graphs runs one more ggml thread on
     /// each of them while the decoder is not decoding, and none while it is (the decoder claims
-    /// them back for a whole frame, waiting at most for the graph in progress; see
+    /// them back for a whole frame, waiting at most for the graph in progress or reserved; see
     /// [`crate::ffi::CoreLoan`]). ggml puts a pool's calling thread on its highest core, so every
     /// borrowed core must be lower than the stage's own (checked at [`Engine::load`]).
     pub borrow: Vec<usize>,

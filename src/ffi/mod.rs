@@ -269,7 +269,8 @@ pub struct Threadpool {
 /// back for a whole frame with [`CoreLoan::claim`]; a borrower's pool ([`Threadpool::borrowing`])
 /// runs a graph over them only when the owner holds no claim, one graph at a time, so the two
 /// never run threads on the same core at once. A claim waits at most for the borrower's graph
-/// in progress (one code-predictor sub-step, a few ms).
+/// in progress, or for the one a [`Reservation`] holds the cores for (a code-predictor
+/// sub-step is a few ms, a talker step tens).
 #[derive(Debug, Default)]
 pub struct CoreLoan {
     state: Mutex<LoanState>,
@@ -295,7 +296,7 @@ impl CoreLoan {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, LoanState> {
-        // The state is two flags, valid whatever a panicking holder left.
+        // The state is three flags, valid whatever a panicking holder left.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -351,7 +352,11 @@ impl CoreLoan {
     }
 
     fn give_back(&self) {
-        let mut s = self.state();
+        self.bring_home(&mut self.state());
+    }
+
+    /// The cores back from a graph or an unused reservation: a waiting claim goes on.
+    fn bring_home(&self, s: &mut LoanState) {
         s.out = false;
         if s.claimed {
             self.returned.notify_all();
@@ -371,10 +376,7 @@ impl Drop for Reservation {
         let mut s = self.loan.state();
         if s.reserved {
             s.reserved = false;
-            s.out = false;
-            if s.claimed {
-                self.loan.returned.notify_all();
-            }
+            self.loan.bring_home(&mut s);
         }
     }
 }

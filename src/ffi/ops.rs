@@ -317,6 +317,25 @@ unsafe fn kernel_rows(
 }
 
 impl Context {
+    /// Checks that each of a row kernel's single-row parameters is one contiguous f32 row of
+    /// `ne0` values.
+    fn row_params<const N: usize>(
+        params: [(&'static str, Tensor<'_>); N],
+        ne0: usize,
+    ) -> Result<(), GgmlError> {
+        for (what, t) in params {
+            Self::dense_f32(what, t)?;
+            if t.n_elems() != ne0 {
+                return Err(GgmlError::Shape {
+                    what,
+                    expected: format!("one row of {ne0} values"),
+                    found: format!("{:?}", t.ne()),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// `y = kernel(x, b, c)` row by row: a new tensor shaped as `x`, whose every row (of `ne0`
     /// values) is computed by `kernel` from that row of `x` and the single rows `b` and `c`;
     /// rows are split over the graph's threads. For fused elementwise ops ggml lacks.
@@ -328,18 +347,7 @@ impl Context {
         kernel: RowKernel3,
     ) -> Result<Tensor<'a>, GgmlError> {
         Self::dense_f32("rows3 x", x)?;
-        Self::dense_f32("rows3 b", b)?;
-        Self::dense_f32("rows3 c", c)?;
-        let ne0 = x.ne()[0];
-        for (what, t) in [("rows3 b", b), ("rows3 c", c)] {
-            if t.n_elems() != ne0 {
-                return Err(GgmlError::Shape {
-                    what,
-                    expected: format!("one row of {ne0} values"),
-                    found: format!("{:?}", t.ne()),
-                });
-            }
-        }
+        Self::row_params([("rows3 b", b), ("rows3 c", c)], x.ne()[0])?;
         // SAFETY: the tensors are live, contiguous f32 and shaped as the trampoline expects; the
         // kernel is a plain function pointer, valid for the program's life.
         self.op(x.n_elems(), |ctx| unsafe {
@@ -408,24 +416,10 @@ impl Context {
         c: Tensor<'a>,
         kernel: RowKernel3,
     ) -> Result<Tensor<'a>, GgmlError> {
-        for (what, t) in [
-            ("rows3_after head", head),
-            ("rows3_after x", x),
-            ("rows3_after b", b),
-            ("rows3_after c", c),
-        ] {
-            Self::dense_f32(what, t)?;
-        }
+        Self::dense_f32("rows3_after head", head)?;
+        Self::dense_f32("rows3_after x", x)?;
         let (ne0, nh, nx) = (x.ne()[0], head.ne(), x.ne());
-        for (what, t) in [("rows3_after b", b), ("rows3_after c", c)] {
-            if t.n_elems() != ne0 {
-                return Err(GgmlError::Shape {
-                    what,
-                    expected: format!("one row of {ne0} values"),
-                    found: format!("{:?}", t.ne()),
-                });
-            }
-        }
+        Self::row_params([("rows3_after b", b), ("rows3_after c", c)], ne0)?;
         if nh[0] != ne0 || nh[2..] != [1, 1] || nx[2..] != [1, 1] {
             return Err(GgmlError::Shape {
                 what: "rows3_after head",

@@ -943,9 +943,16 @@ impl<'a> Builder<'a> {
         let c = self.c;
         let h = self.st(hist)?;
         let xp = c.concat(h, x, 1)?;
+        self.keep_context(xp, h)
+    }
+
+    /// Queues the write of `xp`'s last rows (as many as the state tensor `h` holds) into `h`,
+    /// the next chunk's left context; returns `xp`.
+    fn keep_context(&mut self, xp: Tensor<'a>, h: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        let c = self.c;
         let keep = h.ne()[1];
         self.writes
-            .push(c.copy_into(c.rows(xp, x.ne()[1], keep)?, h)?);
+            .push(c.copy_into(c.rows(xp, xp.ne()[1] - keep, keep)?, h)?);
         Ok(xp)
     }
 
@@ -1017,10 +1024,7 @@ impl<'a> Builder<'a> {
         let alpha = self.wt(&format!("{name}.alpha"))?;
         let inv_beta = self.wt(&format!("{name}.beta"))?;
         let xp = c.rows3_after(h, x, alpha, inv_beta, snake::row)?;
-        let keep = h.ne()[1];
-        self.writes
-            .push(c.copy_into(c.rows(xp, x.ne()[1], keep)?, h)?);
-        Ok(xp)
+        self.keep_context(xp, h)
     }
 
     /// SnakeBeta `name`: `x + β⁻¹ · sin²(α · x)` (α and β⁻¹ stored as such), in one new buffer.
