@@ -1,4 +1,4 @@
-//! The streaming decoder on the full-size geometry: ms per frame when fed 1 and 2 frames per call,
+//! The streaming decoder on the full-size geometry: ms per frame when fed 1, 2 and 4 frames per call,
 //! on 1 and 2 threads, with ggml's f32 products (the in-run baseline), the host products
 //! (`Context::conv_gemm`, the default) from f32 and f16 files, and every matrix as q8_0 at load.
 //! The decoder's ≈ 5 GFLOP per frame (MODEL-NOTES.md §7) gives GFLOP/s. Then the fused SnakeBeta
@@ -49,7 +49,7 @@ fn bench(c: &mut Criterion) {
         let mut voc = Vocoder::load_options(&f, q8, products).unwrap();
         for threads in [1, 2] {
             let pool = Threadpool::new(threads, &[]).unwrap();
-            for chunk in [1usize, 2] {
+            for chunk in [1usize, 2, 4] {
                 g.bench_function(
                     format!("{label}, {threads} thread(s), {chunk} frame(s) per call"),
                     |b| {

@@ -56,9 +56,10 @@ pub struct BenchArgs {
     /// Frames of each reference run (it runs about 10x slower than real time).
     #[arg(long, default_value_t = 24)]
     pub reference_frames: usize,
-    /// Frames per decoder call after an utterance's first (default: the engine's).
-    #[arg(long)]
-    pub decoder_chunk: Option<usize>,
+    /// Frames per decoder call after an utterance's first, comma-separated; each is measured
+    /// with each type, decoder and plan (default: the engine's).
+    #[arg(long, value_delimiter = ',')]
+    pub decoder_chunk: Vec<usize>,
     /// The code predictor's layer kernels, comma-separated: auto (the engine's), ggml,
     /// vnni-rows, vnni-packed; each is measured with each type, decoder and plan.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
@@ -298,6 +299,7 @@ struct Config {
     plan: PlanArg,
     cp_kernel: LayerKernel,
     talker: TalkerRuntime,
+    decoder_chunk: usize,
 }
 
 impl Config {
@@ -313,6 +315,9 @@ impl Config {
         }
         if self.talker != TalkerRuntime::fastest() {
             l += &format!(", talker {}", TalkerArg::of(self.talker).name());
+        }
+        if self.decoder_chunk != EngineConfig::default().decoder_chunk {
+            l += &format!(", chunk {}", self.decoder_chunk);
         }
         l + ")"
     }
@@ -338,9 +343,7 @@ fn child(exe: &Path, dir: &Path, c: Config, a: &BenchArgs) -> anyhow::Result<Run
         .arg(CpKernelArg::of(c.cp_kernel).name());
     cmd.arg("--talker-runtime")
         .arg(TalkerArg::of(c.talker).name());
-    if let Some(n) = a.decoder_chunk {
-        cmd.arg("--decoder-chunk").arg(n.to_string());
-    }
+    cmd.arg("--decoder-chunk").arg(c.decoder_chunk.to_string());
     let out = cmd.output().context("starting qtts bench-run")?;
     anyhow::ensure!(
         out.status.success(),
@@ -474,19 +477,35 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             talkers.push(t.runtime());
         }
     }
+    let mut chunks: Vec<usize> = Vec::new();
+    for &n in &a.decoder_chunk {
+        anyhow::ensure!(
+            n >= 1,
+            "--decoder-chunk: frames per call must be at least 1, not {n}"
+        );
+        if !chunks.contains(&n) {
+            chunks.push(n);
+        }
+    }
+    if chunks.is_empty() {
+        chunks.push(EngineConfig::default().decoder_chunk);
+    }
     let mut configs: Vec<Config> = Vec::new();
     for &ty in &a.types {
         for &decoder in &decoders {
             for &plan in &plans {
                 for &cp_kernel in &kernels {
                     for &talker in &talkers {
-                        configs.push(Config {
-                            ty,
-                            decoder,
-                            plan,
-                            cp_kernel,
-                            talker,
-                        });
+                        for &decoder_chunk in &chunks {
+                            configs.push(Config {
+                                ty,
+                                decoder,
+                                plan,
+                                cp_kernel,
+                                talker,
+                                decoder_chunk,
+                            });
+                        }
                     }
                 }
             }
@@ -551,6 +570,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                     "plan": c.plan.name(),
                     "cp_kernel": CpKernelArg::of(c.cp_kernel).name(),
                     "talker": TalkerArg::of(c.talker).name(),
+                    "decoder_chunk": c.decoder_chunk,
                     "runs": runs,
                 })
             })

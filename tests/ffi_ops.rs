@@ -147,9 +147,22 @@ fn inplace_ops_and_row_views_compute_in_place() {
 fn conv_gemm(
     w: &[f32],
     x: &[f32],
+    shape: (usize, usize, usize, usize),
+    bf16: bool,
+    threads: usize,
+) -> Vec<f32> {
+    conv_gemm_then(w, x, shape, bf16, threads, None, None)
+}
+
+/// [`conv_gemm`] with `conv_gemm_then`'s bias and residual.
+fn conv_gemm_then(
+    w: &[f32],
+    x: &[f32],
     (c_in, taps, dilation, n): (usize, usize, usize, usize),
     bf16: bool,
     threads: usize,
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
 ) -> Vec<f32> {
     let pool = Threadpool::new(threads, &[]).unwrap();
     let ctx = Context::new(8 << 20).unwrap();
@@ -167,7 +180,21 @@ fn conv_gemm(
     };
     let tx = ctx.new_f32(&[c_in, x.len() / c_in]).unwrap();
     tx.write_f32(x).unwrap();
-    let y = ctx.conv_gemm(tw, tx, taps, dilation).unwrap();
+    let tensor = |v: &[f32]| {
+        let t = ctx.new_f32(&[v.len()]).unwrap();
+        t.write_f32(v).unwrap();
+        t
+    };
+    let y = ctx
+        .conv_gemm_then(
+            tw,
+            tx,
+            taps,
+            dilation,
+            bias.map(tensor),
+            residual.map(tensor),
+        )
+        .unwrap();
     ctx.graph(y).unwrap().compute(&pool).unwrap();
     y.to_vec()
 }
@@ -234,6 +261,106 @@ fn bf16_conv_on_amx_tiles_is_the_bf16_sum_in_any_chunking() {
         ctx.conv_gemm(tw, tx, 7, 1),
         Err(GgmlError::Shape { .. })
     ));
+}
+
+#[test]
+fn conv_gemm_adds_bias_then_residual_as_separate_adds_would() {
+    // f32 products everywhere, and bf16 tiles where AMX is: (c_in, taps, dilation, n, t_out,
+    // bias length), the bias shorter than the row where it repeats (a transposed conv's).
+    for bf16 in [false, amx::available()] {
+        for (c_in, taps, dilation, n, t_out, b) in [
+            (32, 1, 1, 64, 5, 64),
+            (64, 7, 3, 96, 40, 96),
+            (32, 3, 1, 96, 33, 32),
+            (64, 1, 1, 128, 17, 64),
+        ] {
+            let w = values(taps * c_in * n, 1);
+            let x = values((t_out + (taps - 1) * dilation) * c_in, 2);
+            let (bias, res) = (values(b, 3), values(t_out * n, 4));
+            let shape = (c_in, taps, dilation, n);
+            for threads in [1, 2] {
+                let plain = conv_gemm(&w, &x, shape, bf16, threads);
+                // What ggml's two adds would give: the bias first, then the residual.
+                let want: Vec<f32> = plain
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| (v + bias[i % n % b]) + res[i])
+                    .collect();
+                let got = conv_gemm_then(&w, &x, shape, bf16, threads, Some(&bias), Some(&res));
+                assert_eq!(got, want, "bf16 {bf16}, {shape:?}, {threads} thread(s)");
+                let biased = conv_gemm_then(&w, &x, shape, bf16, threads, Some(&bias), None);
+                let want: Vec<f32> = plain
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| v + bias[i % n % b])
+                    .collect();
+                assert_eq!(biased, want);
+                let summed = conv_gemm_then(&w, &x, shape, bf16, threads, None, Some(&res));
+                let want: Vec<f32> = plain.iter().zip(&res).map(|(v, r)| v + r).collect();
+                assert_eq!(summed, want);
+            }
+        }
+    }
+    // A bias whose length does not divide the row, or a residual of another size, is refused.
+    let ctx = Context::new(1 << 20).unwrap();
+    let (tw, tx) = (
+        ctx.new_f32(&[32, 64]).unwrap(),
+        ctx.new_f32(&[32, 8]).unwrap(),
+    );
+    let (b48, r) = (ctx.new_f32(&[48]).unwrap(), ctx.new_f32(&[64, 7]).unwrap());
+    for (bias, res, what) in [
+        (Some(b48), None, "conv_gemm bias"),
+        (None, Some(r), "conv_gemm residual"),
+    ] {
+        match ctx.conv_gemm_then(tw, tx, 1, 1, bias, res) {
+            Err(GgmlError::Shape { what: w, .. }) => assert_eq!(w, what),
+            other => panic!("expected a shape error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn concat_joins_rows_stacks_and_strided_tensors() {
+    // Rows of a matrix and matrices of a stack (two copies), inner columns and a transposed
+    // operand (ggml's concat): each against the join written out, on 1 and 2 threads (whose
+    // byte shares split rows and operands mid-way).
+    for threads in [1, 2] {
+        let pool = Threadpool::new(threads, &[]).unwrap();
+        let ctx = Context::new(1 << 20).unwrap();
+        let tensor = |ne: &[usize], seed| {
+            let t = ctx.new_f32(ne).unwrap();
+            t.write_f32(&values(ne.iter().product(), seed)).unwrap();
+            t
+        };
+        let (a, b) = (tensor(&[5, 3], 1), tensor(&[5, 4], 2));
+        let rows = ctx.concat(a, b, 1).unwrap();
+        let (s, t) = (tensor(&[2, 3, 2], 3), tensor(&[2, 3, 1], 4));
+        let stack = ctx.concat(s, t, 2).unwrap();
+        let (l, r) = (tensor(&[3, 4], 5), tensor(&[2, 4], 6));
+        let cols = ctx.concat(l, r, 0).unwrap();
+        let strided = ctx.permute(tensor(&[3, 5], 7), [1, 0, 2, 3]).unwrap();
+        let mixed = ctx.concat(strided, a, 1).unwrap();
+        for out in [rows, stack, cols, mixed] {
+            ctx.graph(out).unwrap().compute(&pool).unwrap();
+        }
+        let join = |x: Vec<f32>, y: Vec<f32>| [x, y].concat();
+        assert_eq!(rows.ne(), [5, 7, 1, 1]);
+        assert_eq!(rows.to_vec(), join(a.to_vec(), b.to_vec()));
+        assert_eq!(stack.ne(), [2, 3, 3, 1]);
+        assert_eq!(stack.to_vec(), join(s.to_vec(), t.to_vec()));
+        let (lv, rv) = (l.to_vec(), r.to_vec());
+        let want: Vec<f32> = (0..4)
+            .flat_map(|i| [&lv[i * 3..i * 3 + 3], &rv[i * 2..i * 2 + 2]].concat())
+            .collect();
+        assert_eq!(cols.to_vec(), want);
+        // The transposed [3, 5] read as [5, 3]: element (i, j) is the source's (j, i).
+        let src = values(15, 7);
+        let transposed: Vec<f32> = (0..3)
+            .flat_map(|j| (0..5).map(move |i| (i, j)))
+            .map(|(i, j)| src[i * 3 + j])
+            .collect();
+        assert_eq!(mixed.to_vec(), join(transposed, a.to_vec()));
+    }
 }
 
 #[test]

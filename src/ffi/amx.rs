@@ -141,14 +141,22 @@ thread_local! {
 
 /// Output blocks `b0..b1` (of [`blocks`], column-block-major) of the causal conv of the f32 input
 /// rows `x` (`t_out + (taps − 1) · dilation` rows of `c_in`) by the packed kernel `w`, into the
-/// f32 rows `y` (`t_out` of `n`).
+/// f32 rows `y` (`t_out` of `n`). After each block is stored, `then(rows, columns)` is called
+/// on its stored part, while it is still in cache (the caller's bias and residual adds).
 ///
 /// # Safety
 /// [`available`] returned true; [`fits`]`(c_in, n)`; `w` holds `taps · c_in · n` packed values
 /// ([`pack`]), `x` the input rows and `y` room for the output rows, none of them written by
 /// anyone else during the call except `y`'s other blocks.
 #[cfg(target_arch = "x86_64")]
-pub unsafe fn conv(w: *const u16, x: *const f32, y: *mut f32, s: Conv, b0: usize, b1: usize) {
+pub unsafe fn conv(
+    w: *const u16,
+    x: *const f32,
+    y: *mut f32,
+    s: Conv,
+    (b0, b1): (usize, usize),
+    mut then: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>),
+) {
     use std::arch::asm;
     if b0 >= b1 {
         return;
@@ -203,6 +211,8 @@ pub unsafe fn conv(w: *const u16, x: *const f32, y: *mut f32, s: Conv, b0: usize
             let a_stride = c_in * 2;
             for b in b0..b1 {
                 let (nb, mb) = (b / row_blocks, b % row_blocks);
+                let (t0, o0) = (mb * mrows, nb * BLOCK);
+                let full = t0 + mrows <= t_out;
                 asm!(
                     "tilezero tmm0",
                     "tilezero tmm1",
@@ -255,8 +265,6 @@ pub unsafe fn conv(w: *const u16, x: *const f32, y: *mut f32, s: Conv, b0: usize
                         );
                     }
                 }
-                let (t0, o0) = (mb * mrows, nb * BLOCK);
-                let full = t0 + mrows <= t_out;
                 let (dst, stride) = if full {
                     (y.add(t0 * n + o0), n * 4)
                 } else {
@@ -290,6 +298,7 @@ pub unsafe fn conv(w: *const u16, x: *const f32, y: *mut f32, s: Conv, b0: usize
                         );
                     }
                 }
+                then(t0..(t0 + mrows).min(t_out), o0..o0 + BLOCK);
             }
             asm!("tilerelease", options(nostack, nomem));
         }

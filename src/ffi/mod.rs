@@ -898,7 +898,10 @@ impl Context {
         })
     }
 
-    /// `a` and `b` joined along dimension `dim` (their other dimensions equal).
+    /// `a` and `b` joined along dimension `dim` (their other dimensions equal). Contiguous f32
+    /// tensors joined along their outermost dimension (the rows of a matrix, the last matrix of
+    /// a stack) are two copies ([`Context::append`]); others go through ggml's `concat`, which
+    /// computes every element's index.
     pub fn concat<'a>(
         &'a self,
         a: Tensor<'a>,
@@ -912,6 +915,9 @@ impl Context {
                 expected: format!("shapes equal but in dimension {dim}: {na:?}"),
                 found: format!("{nb:?}"),
             });
+        }
+        if let Some(joined) = self.append(a, b, dim)? {
+            return Ok(joined);
         }
         // SAFETY: shapes checked above.
         self.op(a.n_elems() + b.n_elems(), |c| unsafe {

@@ -455,13 +455,162 @@ impl Context {
     }
 }
 
+/// ggml's side of [`Context::append`]: the output's bytes split evenly over the graph's threads,
+/// each thread copying its share from the first source's bytes, then the second's.
+unsafe extern "C" fn append_trampoline(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    _userdata: *mut std::os::raw::c_void,
+) {
+    // SAFETY: `append` built this node: its two sources are contiguous f32 tensors, `dst` a fresh
+    // contiguous f32 tensor of as many bytes as both; every copy below stays inside one source
+    // and `dst`.
+    unsafe {
+        let (a, b) = ((*dst).src[0], (*dst).src[1]);
+        let (na, nb) = (sys::ggml_nbytes(a), sys::ggml_nbytes(b));
+        let (s0, s1) = thread_share(na + nb, ith, nth);
+        let out = (*dst).data as *mut u8;
+        if s0 < na {
+            let end = s1.min(na);
+            std::ptr::copy_nonoverlapping(((*a).data as *const u8).add(s0), out.add(s0), end - s0);
+        }
+        if s1 > na {
+            let start = s0.max(na);
+            std::ptr::copy_nonoverlapping(
+                ((*b).data as *const u8).add(start - na),
+                out.add(start),
+                s1 - start,
+            );
+        }
+    }
+}
+
+impl Context {
+    /// `a` and `b` joined along dimension `dim` as two copies, when both are contiguous f32 and
+    /// `dim` is their outermost (every dimension above it 1, the others equal: checked by
+    /// [`Context::concat`], which calls this); `None` when they are not such tensors.
+    pub(super) fn append<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        b: Tensor<'a>,
+        dim: usize,
+    ) -> Result<Option<Tensor<'a>>, GgmlError> {
+        let (na, nb) = (a.ne(), b.ne());
+        // SAFETY: the tensors are live; the contiguity tests read only their shapes and strides.
+        let dense = unsafe {
+            sys::ggml_is_contiguous(a.ptr.as_ptr()) && sys::ggml_is_contiguous(b.ptr.as_ptr())
+        };
+        if !dense
+            || !a.is_type(GgmlType::F32)
+            || !b.is_type(GgmlType::F32)
+            || (dim + 1..4).any(|i| na[i] != 1 || nb[i] != 1)
+        {
+            return Ok(None);
+        }
+        let mut ne = na.map(|n| n as i64);
+        ne[dim] += nb[dim] as i64;
+        let mut args = [a.ptr.as_ptr(), b.ptr.as_ptr()];
+        // SAFETY: the tensors are live, contiguous f32, and the output holds both.
+        let t = self.op(a.n_elems() + b.n_elems(), |ctx| unsafe {
+            sys::ggml_custom_4d(
+                ctx,
+                sys::GGML_TYPE_F32,
+                ne[0],
+                ne[1],
+                ne[2],
+                ne[3],
+                args.as_mut_ptr(),
+                2,
+                Some(append_trampoline),
+                -1, // GGML_N_TASKS_MAX: every thread of the graph
+                std::ptr::null_mut(),
+            )
+        })?;
+        Ok(Some(t))
+    }
+}
+
 /// The largest tap count and dilation [`Context::conv_gemm`] takes: both travel in the op's
-/// `userdata` word, 16 bits each.
-const CONV_GEMM_MAX: usize = u16::MAX as usize;
+/// `userdata` word, 14 bits each, beside the epilogue's two flags.
+const CONV_GEMM_MAX: usize = (1 << 14) - 1;
+/// `userdata` flag of [`Context::conv_gemm_then`]: a bias is the node's next source.
+const CONV_GEMM_BIAS: usize = 1 << 28;
+/// `userdata` flag of [`Context::conv_gemm_then`]: a residual is the node's last source.
+const CONV_GEMM_RESIDUAL: usize = 1 << 29;
+
+/// What [`Context::conv_gemm_then`] adds to the product's rows as each part is stored: the bias,
+/// then the residual.
+struct Epilogue {
+    /// `bias_len` values; column `c` adds `bias[c % bias_len]`. Null: none.
+    bias: *const f32,
+    bias_len: usize,
+    /// The contiguous rows of the residual, as many and as long as the output's. Null: none.
+    residual: *const f32,
+}
+
+impl Epilogue {
+    /// Whether there is anything to add.
+    fn any(&self) -> bool {
+        !self.bias.is_null() || !self.residual.is_null()
+    }
+
+    /// Adds the bias, then the residual, to rows `rows` and columns `cols` of `y` (rows of `n`),
+    /// in place.
+    ///
+    /// # Safety
+    /// `y` holds those rows, the bias `bias_len` values and the residual rows as long as `y`'s;
+    /// no one else writes them during the call.
+    unsafe fn apply(
+        &self,
+        y: *mut f32,
+        n: usize,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+    ) {
+        for t in rows {
+            // SAFETY: the caller's contract; `cols` lies within the row.
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(y.add(t * n + cols.start), cols.len()) };
+            // SAFETY: the caller's contract.
+            unsafe { self.row(t, n, cols.start, out) };
+        }
+    }
+
+    /// `out` (row `t`'s columns from `c0`) + bias, then + residual.
+    ///
+    /// # Safety
+    /// As [`Epilogue::apply`].
+    unsafe fn row(&self, t: usize, n: usize, c0: usize, out: &mut [f32]) {
+        if !self.bias.is_null() {
+            // SAFETY: `bias_len` values at `bias`.
+            let bias = unsafe { std::slice::from_raw_parts(self.bias, self.bias_len) };
+            // Runs of columns that do not wrap around the bias.
+            let (mut c, mut done) = (c0, 0);
+            while done < out.len() {
+                let b = c % bias.len();
+                let run = (out.len() - done).min(bias.len() - b);
+                for (o, v) in out[done..done + run].iter_mut().zip(&bias[b..b + run]) {
+                    *o += v;
+                }
+                (c, done) = (c + run, done + run);
+            }
+        }
+        if !self.residual.is_null() {
+            // SAFETY: the residual's row t, as long as `y`'s.
+            let res =
+                unsafe { std::slice::from_raw_parts(self.residual.add(t * n + c0), out.len()) };
+            for (o, v) in out.iter_mut().zip(res) {
+                *o += v;
+            }
+        }
+    }
+}
 
 /// ggml's side of [`Context::conv_gemm`]: an f32 kernel splits the output rows over the graph's
 /// threads, each thread one `sgemm` per tap (one in all when the taps are adjacent); a bf16 kernel
-/// splits the 32 × 32 output blocks of [`amx::conv`].
+/// splits the 32 × 32 output blocks of [`amx::conv`]. Each thread adds the epilogue to its own
+/// rows or blocks.
 unsafe extern "C" fn conv_gemm_trampoline(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,
@@ -469,17 +618,34 @@ unsafe extern "C" fn conv_gemm_trampoline(
     userdata: *mut std::os::raw::c_void,
 ) {
     let word = userdata as usize;
-    let (taps, dilation) = (word >> 16, word & CONV_GEMM_MAX);
-    // SAFETY: `conv_gemm` built this node: its sources are the contiguous kernel
+    let (taps, dilation) = ((word >> 14) & CONV_GEMM_MAX, word & CONV_GEMM_MAX);
+    // SAFETY: `conv_gemm_then` built this node: its sources are the contiguous kernel
     // `[taps · c_in, c_out]` (f32, or bf16 packed by `amx::pack` when AMX is available and the
-    // shape fits) and the f32 input `[c_in, t_out + (taps − 1) · dilation]`, `dst` is a fresh
-    // contiguous f32 `[c_out, t_out]` (ggml never computes a custom op in place), all allocated
-    // by the time ggml computes the node. Every read stays inside the input: row
-    // `t + j · dilation` for `t < t_out` and `j < taps`, `c_in` values long.
+    // shape fits), the f32 input `[c_in, t_out + (taps − 1) · dilation]`, then, as the word's
+    // flags say, the contiguous f32 bias (a length dividing `c_out`) and the contiguous f32
+    // residual `[c_out, t_out]`; `dst` is a fresh contiguous f32 `[c_out, t_out]` (ggml never
+    // computes a custom op in place), all allocated by the time ggml computes the node. Every
+    // read stays inside the input: row `t + j · dilation` for `t < t_out` and `j < taps`, `c_in`
+    // values long.
     unsafe {
         let (w, x) = ((*dst).src[0], (*dst).src[1]);
         let c_in = (*x).ne[0] as usize;
         let (c_out, t_out) = ((*dst).ne[0] as usize, (*dst).ne[1] as usize);
+        let mut next = 2;
+        let mut epilogue = Epilogue {
+            bias: std::ptr::null(),
+            bias_len: 1,
+            residual: std::ptr::null(),
+        };
+        if word & CONV_GEMM_BIAS != 0 {
+            let b = (*dst).src[next];
+            (epilogue.bias, epilogue.bias_len) = ((*b).data as *const f32, (*b).ne[0] as usize);
+            next += 1;
+        }
+        if word & CONV_GEMM_RESIDUAL != 0 {
+            epilogue.residual = (*(*dst).src[next]).data as *const f32;
+        }
+        let y = (*dst).data as *mut f32;
         #[cfg(target_arch = "x86_64")]
         if (*w).type_ == sys::GGML_TYPE_BF16 {
             let s = amx::Conv {
@@ -489,14 +655,17 @@ unsafe extern "C" fn conv_gemm_trampoline(
                 t_out,
                 n: c_out,
             };
-            let (b0, b1) = thread_share(amx::blocks(t_out, c_out), ith, nth);
             amx::conv(
                 (*w).data as *const u16,
                 (*x).data as *const f32,
-                (*dst).data as *mut f32,
+                y,
                 s,
-                b0,
-                b1,
+                thread_share(amx::blocks(t_out, c_out), ith, nth),
+                |rows, cols| {
+                    if epilogue.any() {
+                        epilogue.apply(y, c_out, rows, cols)
+                    }
+                },
             );
             return;
         }
@@ -506,7 +675,7 @@ unsafe extern "C" fn conv_gemm_trampoline(
         }
         let xs = ((*x).data as *const f32).add(r0 * c_in);
         let ws = (*w).data as *const f32;
-        let ys = ((*dst).data as *mut f32).add(r0 * c_out);
+        let ys = y.add(r0 * c_out);
         let k = taps * c_in;
         // Row t of the product reads input rows t..t + taps (dilation 1): `taps · c_in`
         // consecutive values, so one product whose left rows overlap covers every tap.
@@ -533,6 +702,9 @@ unsafe extern "C" fn conv_gemm_trampoline(
                 );
             }
         });
+        if epilogue.any() {
+            epilogue.apply(y, c_out, r0..r1, 0..c_out);
+        }
     }
 }
 
@@ -553,6 +725,23 @@ impl Context {
         x: Tensor<'a>,
         taps: usize,
         dilation: usize,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        self.conv_gemm_then(w, x, taps, dilation, None, None)
+    }
+
+    /// [`Context::conv_gemm`], then `+ bias` (contiguous f32 of a length `b` dividing `c_out`:
+    /// column `c` adds `bias[c % b]`) and `+ residual` (contiguous f32 `[c_out, t_out]`), without
+    /// ggml's two passes over the output: they are added to each part of the output (a thread's
+    /// rows, or an AMX block) as it is stored, while it is in cache. The same values, bit for
+    /// bit, as the product followed by ggml's `add` of the bias and then of the residual.
+    pub fn conv_gemm_then<'a>(
+        &'a self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        taps: usize,
+        dilation: usize,
+        bias: Option<Tensor<'a>>,
+        residual: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
         let bf16 = w.is_type(GgmlType::BF16);
         if bf16 {
@@ -603,10 +792,36 @@ impl Context {
             });
         }
         let (c_out, t_out) = (nw[1], nx[1] - span);
-        let mut args = [w.ptr.as_ptr(), x.ptr.as_ptr()];
-        let word = (taps << 16) | dilation;
+        let mut args = vec![w.ptr.as_ptr(), x.ptr.as_ptr()];
+        let mut word = (taps << 14) | dilation;
+        if let Some(b) = bias {
+            Self::dense_f32("conv_gemm bias", b)?;
+            let len = b.n_elems();
+            if len == 0 || c_out % len != 0 {
+                return Err(GgmlError::Shape {
+                    what: "conv_gemm bias",
+                    expected: format!("a length dividing the {c_out} output columns"),
+                    found: format!("{:?}", b.ne()),
+                });
+            }
+            args.push(b.ptr.as_ptr());
+            word |= CONV_GEMM_BIAS;
+        }
+        if let Some(r) = residual {
+            Self::dense_f32("conv_gemm residual", r)?;
+            if r.n_elems() != c_out * t_out {
+                return Err(GgmlError::Shape {
+                    what: "conv_gemm residual",
+                    expected: format!("{c_out} × {t_out} values, as the product"),
+                    found: format!("{:?}", r.ne()),
+                });
+            }
+            args.push(r.ptr.as_ptr());
+            word |= CONV_GEMM_RESIDUAL;
+        }
         // SAFETY: the tensors are live, contiguous f32 and shaped as the trampoline expects
-        // (checked above); ggml copies the two source pointers into the node.
+        // (checked above); the word's flags name the sources after the first two; ggml copies the
+        // source pointers into the node.
         self.op(c_out * t_out, |ctx| unsafe {
             sys::ggml_custom_4d(
                 ctx,
@@ -616,7 +831,7 @@ impl Context {
                 1,
                 1,
                 args.as_mut_ptr(),
-                2,
+                args.len() as i32,
                 Some(conv_gemm_trampoline),
                 -1, // GGML_N_TASKS_MAX: every thread of the graph
                 word as *mut std::os::raw::c_void,

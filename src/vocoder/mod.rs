@@ -957,37 +957,40 @@ impl<'a> Builder<'a> {
     }
 
     /// Causal conv `name` of kernel `k` and dilation `d` over `x` (`[c_in, t]`), with its left
-    /// context in state tensor `hist` (none for k = 1): im2col columns times the kernel matrix.
+    /// context in state tensor `hist` (none for k = 1), plus `residual` (`[c_out, t]`) if any:
+    /// im2col columns times the kernel matrix.
     fn conv(
         &mut self,
         x: Tensor<'a>,
         name: &str,
         hist: Option<&str>,
-        k: usize,
-        d: usize,
+        (k, d): (usize, usize),
+        residual: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
         let xp = match hist {
             Some(h) => self.with_context(x, h)?,
             None => x,
         };
-        self.conv_on(xp, name, hist.is_some(), k, d)
+        self.conv_on(xp, name, hist.is_some(), (k, d), residual)
     }
 
     /// [`Builder::conv`] on its input `xp` with the left context already in front of it when
-    /// `context` (see [`Builder::snake_with_context`]).
+    /// `context` (see [`Builder::snake_with_context`]). The host product adds the bias and the
+    /// residual as it stores its output ([`Context::conv_gemm_then`]).
     fn conv_on(
         &mut self,
         xp: Tensor<'a>,
         name: &str,
         context: bool,
-        k: usize,
-        d: usize,
+        (k, d): (usize, usize),
+        residual: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
         let c = self.c;
         let w = self.wt(&format!("{name}.weight"))?;
+        let bias = self.wt(&format!("{name}.bias"))?;
         if self.w.get(&format!("{name}.weight.kshape")).is_none() {
             // Stored for the host product (see `Loader::conv`).
-            return c.add_inplace(c.conv_gemm(w, xp, k, d)?, self.wt(&format!("{name}.bias"))?);
+            return c.conv_gemm_then(w, xp, k, d, Some(bias), residual);
         }
         let y = if context {
             let shape = self.wt(&format!("{name}.weight.kshape"))?;
@@ -1003,7 +1006,11 @@ impl<'a> Builder<'a> {
         } else {
             c.mul_mat(w, xp)?
         };
-        c.add_inplace(y, self.wt(&format!("{name}.bias"))?)
+        let y = c.add_inplace(y, bias)?;
+        match residual {
+            Some(r) => c.add_inplace(y, r),
+            None => Ok(y),
+        }
     }
 
     /// SnakeBeta `name` of `x`, after the left context in state tensor `hist`: as
@@ -1044,33 +1051,77 @@ impl<'a> Builder<'a> {
 
     /// `mul_mat(w, x)`: by [`Context::conv_gemm`] for bf16 weights (packed at load), and for f32
     /// weights in host mode when `x` has at least [`HOST_MIN_ROWS`] rows (fewer rows would spend
-    /// more on packing `w` than on the product), else by ggml.
-    fn matmul(&self, w: Tensor<'a>, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+    /// more on packing `w` than on the product), else by ggml. Then `+ bias` (broadcast: its
+    /// length divides the output's width), then `+ residual`, as [`Context::conv_gemm_then`].
+    fn matmul_then(
+        &self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        bias: Option<Tensor<'a>>,
+        residual: Option<Tensor<'a>>,
+    ) -> Result<Tensor<'a>, GgmlError> {
         if w.is_type(GgmlType::BF16)
             || (self.host && w.is_type(GgmlType::F32) && x.ne()[1] >= HOST_MIN_ROWS)
         {
-            self.c.conv_gemm(w, x, 1, 1)
-        } else {
-            self.c.mul_mat(w, x)
+            return self.c.conv_gemm_then(w, x, 1, 1, bias, residual);
+        }
+        self.ggml_then(self.c.mul_mat(w, x)?, bias, residual)
+    }
+
+    /// `y + bias + residual` by ggml's adds, in that order, for the products ggml computes.
+    fn ggml_then(
+        &self,
+        y: Tensor<'a>,
+        bias: Option<Tensor<'a>>,
+        residual: Option<Tensor<'a>>,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        let c = self.c;
+        let y = match bias {
+            // A bias shorter than the rows broadcasts over their repeats (`[b, t]` viewed as
+            // `[b, t · c_out / b]`).
+            Some(b) if b.n_elems() != y.ne()[0] => {
+                let (n, t) = (y.ne()[0], y.ne()[1]);
+                let r = n / b.n_elems();
+                c.reshape(
+                    c.add_inplace(c.reshape(y, [b.n_elems(), t * r, 1])?, b)?,
+                    [n, t, 1],
+                )?
+            }
+            Some(b) => c.add_inplace(y, b)?,
+            None => y,
+        };
+        match residual {
+            Some(r) => c.add_inplace(y, r),
+            None => Ok(y),
         }
     }
 
     /// `mul_mat(w, x)` for a weight matrix `w`: by [`Context::conv_gemm`] when `w` is bf16 (packed
-    /// at load, which ggml cannot read), else by ggml.
-    fn product(&self, w: Tensor<'a>, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+    /// at load, which ggml cannot read), else by ggml. Then `+ bias`, as
+    /// [`Builder::matmul_then`].
+    fn product_then(
+        &self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        bias: Option<Tensor<'a>>,
+    ) -> Result<Tensor<'a>, GgmlError> {
         if w.is_type(GgmlType::BF16) {
-            self.c.conv_gemm(w, x, 1, 1)
-        } else {
-            self.c.mul_mat(w, x)
+            return self.c.conv_gemm_then(w, x, 1, 1, bias, None);
         }
+        self.ggml_then(self.c.mul_mat(w, x)?, bias, None)
+    }
+
+    /// `mul_mat(w, x)`, as [`Builder::product_then`] without a bias.
+    fn product(&self, w: Tensor<'a>, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        self.product_then(w, x, None)
     }
 
     /// `w · x + b` for Linear `name`.
     fn linear(&self, x: Tensor<'a>, name: &str) -> Result<Tensor<'a>, GgmlError> {
-        let c = self.c;
-        c.add_inplace(
-            self.product(self.wt(&format!("{name}.weight"))?, x)?,
-            self.wt(&format!("{name}.bias"))?,
+        self.product_then(
+            self.wt(&format!("{name}.weight"))?,
+            x,
+            Some(self.wt(&format!("{name}.bias"))?),
         )
     }
 }
@@ -1125,7 +1176,13 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
         b.product(b.wt(&format!("{p}.quant.rest.out_proj.weight"))?, er)?,
     )?;
     z.set_name("stage.quantized");
-    let x = b.conv(z, &format!("{p}.pre_conv"), Some("hist.pre_conv"), 3, 1)?;
+    let x = b.conv(
+        z,
+        &format!("{p}.pre_conv"),
+        Some("hist.pre_conv"),
+        (3, 1),
+        None,
+    )?;
     x.set_name("stage.pre_conv");
 
     // Transformer.
@@ -1180,12 +1237,13 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
     let mut rows = n;
     for (u, &r) in g.upsampling_ratios.iter().enumerate() {
         let ub = format!("{p}.up.blk.{u}");
-        let y = b.product(b.wt(&format!("{ub}.conv.weight.cur"))?, x)?;
-        rows *= r;
-        let y = c.add(
-            c.reshape(y, [g.latent, rows, 1])?,
-            b.wt(&format!("{ub}.conv.bias"))?,
+        let y = b.product_then(
+            b.wt(&format!("{ub}.conv.weight.cur"))?,
+            x,
+            Some(b.wt(&format!("{ub}.conv.bias"))?),
         )?;
+        rows *= r;
+        let y = c.reshape(y, [g.latent, rows, 1])?;
         y.set_name(&format!("stage.upsample.{u}.transconv"));
         let yp = b.with_context(y, &format!("hist.up.{u}"))?;
         let mut h = c.mul(
@@ -1208,7 +1266,7 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
 
     // The DAC decoder.
     let d = format!("{p}.dac");
-    let mut x = b.conv(x, &format!("{d}.entry"), Some("hist.entry"), K7, 1)?;
+    let mut x = b.conv(x, &format!("{d}.entry"), Some("hist.entry"), (K7, 1), None)?;
     x.set_name("stage.decoder.0");
     let mut ch = g.decoder_dim;
     for (i, &r) in g.upsample_rates.iter().enumerate() {
@@ -1218,8 +1276,7 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
         // Input row t gives output rows t·r..t·r + 2r: its first r taps land in block t, its
         // last r in block t + 1 (the tail), and the last block's tail is trimmed until the next
         // chunk.
-        let cur = b.matmul(b.wt(&format!("{db}.conv.weight.cur"))?, s)?;
-        let prev = b.matmul(b.wt(&format!("{db}.conv.weight.prev"))?, s)?;
+        let prev = b.matmul_then(b.wt(&format!("{db}.conv.weight.prev"))?, s, None, None)?;
         let tail = b.st(&format!("tail.blk.{i}"))?;
         let shifted = if rows > 1 {
             c.concat(tail, c.rows(prev, 0, rows - 1)?, 1)?
@@ -1228,21 +1285,21 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
         };
         b.writes
             .push(c.copy_into(c.rows(prev, rows - 1, 1)?, tail)?);
-        let y = c.add_inplace(cur, shifted)?;
-        rows *= r;
-        let mut y = c.add_inplace(
-            c.reshape(y, [cout, rows, 1])?,
-            b.wt(&format!("{db}.conv.bias"))?,
+        let y = b.matmul_then(
+            b.wt(&format!("{db}.conv.weight.cur"))?,
+            s,
+            Some(b.wt(&format!("{db}.conv.bias"))?),
+            Some(shifted),
         )?;
+        rows *= r;
+        let mut y = c.reshape(y, [cout, rows, 1])?;
         for (j, dil) in [1, 3, 9].into_iter().enumerate() {
             let rb = format!("{db}.res.{j}");
             let hist = format!("hist.blk.{i}.res.{j}");
             let hp = b.snake_with_context(y, &format!("{rb}.act1"), &hist)?;
-            let h = b.conv_on(hp, &format!("{rb}.conv1"), true, K7, dil)?;
+            let h = b.conv_on(hp, &format!("{rb}.conv1"), true, (K7, dil), None)?;
             let h = b.snake(h, &format!("{rb}.act2"))?;
-            let h = b.conv(h, &format!("{rb}.conv2"), None, 1, 1)?;
-            // The residual sum goes into h's buffer (y is read by nothing later).
-            y = c.add_inplace(h, y)?;
+            y = b.conv(h, &format!("{rb}.conv2"), None, (1, 1), Some(y))?;
         }
         x = y;
         x.set_name(&format!("stage.decoder.{}", i + 1));
@@ -1250,7 +1307,13 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
     }
     let x = b.snake(x, &format!("{d}.post_snake"))?;
     x.set_name("stage.decoder.5");
-    let x = b.conv(x, &format!("{d}.post_conv"), Some("hist.post"), K7, 1)?;
+    let x = b.conv(
+        x,
+        &format!("{d}.post_conv"),
+        Some("hist.post"),
+        (K7, 1),
+        None,
+    )?;
     x.set_name("stage.decoder.6");
     let wav = c.clamp(x, -1.0, 1.0)?.set_name("out.wav");
     // The state writes run after everything that reads the old state.
