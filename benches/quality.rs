@@ -1,6 +1,6 @@
 //! What quantization costs, teacher-forced against f32 on the same inputs (full-size random-weight
 //! 0.6B CustomVoice): the talker's codec logits and the code predictor's logits, cosine similarity
-//! (mean and worst row) and top-1 agreement, at q8_0 and q4_k, the talker on llama.cpp (q8_0 KV
+//! (mean and worst row) and top-1 agreement, at q8_0, q6_k, q5_k and q4_k, the talker on llama.cpp (q8_0 KV
 //! cache) and on its own graph (f16 KV cache, the engine's kernels); and the decoder's waveform SNR with
 //! its matrices as bf16 (where the CPU has AMX) and q8_0 (`EngineConfig::decoder`).
 //!
@@ -50,7 +50,13 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
-    let dir = common::models(&[OutType::F32, OutType::Q8_0, OutType::Q4K]);
+    let dir = common::models(&[
+        OutType::F32,
+        OutType::Q8_0,
+        OutType::Q6K,
+        OutType::Q5K,
+        OutType::Q4K,
+    ]);
     let path = |kind: &str, ty: OutType| dir.join(format!("{kind}-{}.gguf", ty.name()));
     let pool = Threadpool::new(2, &[]).unwrap();
 
@@ -159,7 +165,7 @@ fn main() {
         "{:<8} {:<16} {:>12} {:>12} {:>8}",
         "type", "logits", "mean cosine", "worst", "top-1"
     );
-    for ty in [OutType::Q8_0, OutType::Q4K] {
+    for ty in [OutType::Q8_0, OutType::Q6K, OutType::Q5K, OutType::Q4K] {
         let (l, _) = forward(ty);
         let (m, w, t) = compare(&ref_logits, &l, 3072);
         println!(

@@ -29,6 +29,12 @@ pub enum OutType {
     /// 8-bit blocks of 32 (ggml q8_0).
     #[value(name = "q8_0")]
     Q8_0,
+    /// 6-bit k-quants (ggml q6_K): the talker and code predictor through ggml's products.
+    #[value(name = "q6_k")]
+    Q6K,
+    /// 5-bit k-quants (ggml q5_K): the talker and code predictor through ggml's products.
+    #[value(name = "q5_k")]
+    Q5K,
     /// 4-bit k-quants (ggml q4_K).
     #[value(name = "q4_k")]
     Q4K,
@@ -41,6 +47,8 @@ impl OutType {
             OutType::F32 => GgmlType::F32,
             OutType::F16 => GgmlType::F16,
             OutType::Q8_0 => GgmlType::Q8_0,
+            OutType::Q6K => GgmlType::Q6K,
+            OutType::Q5K => GgmlType::Q5K,
             OutType::Q4K => GgmlType::Q4K,
         }
     }
@@ -51,6 +59,8 @@ impl OutType {
             OutType::F32 => 0,
             OutType::F16 => 1,
             OutType::Q8_0 => 7,
+            OutType::Q6K => 18,
+            OutType::Q5K => 17,
             OutType::Q4K => 15,
         }
     }
@@ -61,6 +71,8 @@ impl OutType {
             OutType::F32 => "f32",
             OutType::F16 => "f16",
             OutType::Q8_0 => "q8_0",
+            OutType::Q6K => "q6_k",
+            OutType::Q5K => "q5_k",
             OutType::Q4K => "q4_k",
         }
     }
