@@ -900,7 +900,7 @@ impl Context {
 
     /// `a` and `b` joined along dimension `dim` (their other dimensions equal). Contiguous f32
     /// tensors joined along their outermost dimension (the rows of a matrix, the last matrix of
-    /// a stack) are two copies ([`Context::append`]); others go through ggml's `concat`, which
+    /// a stack) are two copies (`Context::append`); others go through ggml's `concat`, which
     /// computes every element's index.
     pub fn concat<'a>(
         &'a self,
