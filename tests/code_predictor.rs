@@ -332,38 +332,37 @@ fn sampled_frames_follow_the_seed() {
     );
 }
 
-/// q4_K layers: the kernel on rows packed 16 at a time (the default where the CPU has AVX-512
-/// VNNI) gives the frame of the kernel on the file's rows (the same integer products, summed in
-/// another order), and switching kernels packs and unpacks the matrices in place: back on the
-/// packed kernel, the frame is the same to the bit. A code predictor of width 256 (q4_K's block)
-/// so that its layers are q4_K.
-#[test]
-fn packed_q4k_layers_give_the_frame_of_the_file_s_rows() {
+/// A frame's codes and logits with the layer kernels `Packed`, `Vnni`, `Ggml` and `Packed`
+/// again, switched in place, on a random code predictor of width 256 (a k-quant's block) whose
+/// layers are `ty`; `None` without AVX-512 VNNI.
+#[allow(clippy::type_complexity)]
+fn frames_by_kernel(ty: OutType) -> Option<[([u32; 15], Vec<f32>); 4]> {
     use qtts::code_predictor::LayerKernel;
     if !qtts::code_predictor::q4k::available() {
         eprintln!("skipped: no AVX-512 VNNI on this CPU");
-        return;
+        return None;
     }
     let mut cfg =
         qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
     let cp = &mut cfg.tts.talker_config.code_predictor_config;
     (cp.hidden_size, cp.intermediate_size, cp.head_dim) = (256, 512, 64);
-    let (_tmp, out) = common::random_converted(&cfg, 5, OutType::Q4K);
+    let (_tmp, out) = common::random_converted(&cfg, 5, ty);
     let f = GgufFile::open(&out.mmproj).unwrap();
-    let q4k_layers = f
+    let layers = f
         .header
         .tensors
         .iter()
-        .filter(|t| t.name.contains(".blk.") && t.ty == qtts::gguf::GgmlType::Q4K)
+        .filter(|t| t.name.contains(".blk.") && t.ty == ty.ggml())
         .count();
-    assert!(q4k_layers >= 7, "{q4k_layers} q4_K layer matrices");
+    assert!(layers >= 7, "{layers} {} layer matrices", ty.name());
     let mut cp = CodePredictor::load(&f).unwrap();
     assert_eq!(cp.layer_kernel(), LayerKernel::Packed);
     let pool = Threadpool::new(2, &[]).unwrap();
     let hidden: Vec<f32> = (0..64)
         .map(|i| ((i * 37 % 64) as f32 / 32.0) - 1.0)
         .collect();
-    let run = |cp: &mut CodePredictor| {
+    let mut run = |kernel| {
+        cp.set_layer_kernel(kernel).unwrap();
         let mut logits = Vec::new();
         let codes = cp
             .frame(
@@ -379,13 +378,23 @@ fn packed_q4k_layers_give_the_frame_of_the_file_s_rows() {
             .unwrap();
         (codes, logits)
     };
-    let packed = run(&mut cp);
-    cp.set_layer_kernel(LayerKernel::Vnni).unwrap();
-    let rows = run(&mut cp);
-    cp.set_layer_kernel(LayerKernel::Ggml).unwrap();
-    let ggml = run(&mut cp);
-    cp.set_layer_kernel(LayerKernel::Packed).unwrap();
-    let again = run(&mut cp);
+    Some([
+        run(LayerKernel::Packed),
+        run(LayerKernel::Vnni),
+        run(LayerKernel::Ggml),
+        run(LayerKernel::Packed),
+    ])
+}
+
+/// q4_K layers: the kernel on rows packed 16 at a time (the default where the CPU has AVX-512
+/// VNNI) gives the frame of the kernel on the file's rows (the same integer products, summed in
+/// another order), and switching kernels packs and unpacks the matrices in place: back on the
+/// packed kernel, the frame is the same to the bit.
+#[test]
+fn packed_q4k_layers_give_the_frame_of_the_file_s_rows() {
+    let Some([packed, rows, ggml, again]) = frames_by_kernel(OutType::Q4K) else {
+        return;
+    };
     let scale = packed.1.iter().fold(0f32, |a, v| a.max(v.abs()));
     let e = max_abs(&packed.1, &rows.1);
     eprintln!("packed vs file rows: max {e:e} of {scale}");
@@ -395,4 +404,21 @@ fn packed_q4k_layers_give_the_frame_of_the_file_s_rows() {
     // ggml quantizes the inputs its own way: close, not equal.
     let e = max_abs(&packed.1, &ggml.1);
     assert!(e <= 0.05 * scale, "packed vs ggml: {e} of {scale}");
+}
+
+/// q5_K layers: the packed kernel (`q4k16::mat_vnni5`) gives ggml's frame within the inputs'
+/// different quantization (ggml computes the q5_K products for the other two kernels), and
+/// packing and unpacking in place returns the same frame to the bit.
+#[test]
+fn packed_q5k_layers_give_ggml_s_frame() {
+    let Some([packed, rows, ggml, again]) = frames_by_kernel(OutType::Q5K) else {
+        return;
+    };
+    let scale = packed.1.iter().fold(0f32, |a, v| a.max(v.abs()));
+    assert!(packed == again, "packed, unpacked for ggml, packed again");
+    for (name, other) in [("file rows", &rows), ("ggml", &ggml)] {
+        let e = max_abs(&packed.1, &other.1);
+        eprintln!("packed q5_K vs {name}: max {e:e} of {scale}");
+        assert!(e <= 0.05 * scale, "packed vs {name}: {e} of {scale}");
+    }
 }

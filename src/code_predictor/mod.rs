@@ -118,15 +118,16 @@ impl Profile {
     }
 }
 
-/// Which code computes the code predictor's q4_K and q8_0 layer products.
+/// Which code computes the code predictor's q4_K, q5_K and q8_0 layer products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerKernel {
     /// ggml's `mul_mat`: the benches' baseline, and the only one without AVX-512 VNNI.
     Ggml,
     /// [`q4k::mat_vnni`] and [`q8::mat_vnni`] on the file's rows.
     Vnni,
-    /// q4_K matrices packed 16 rows at a time at load and multiplied by [`q4k16::mat_vnni`]
-    /// (q8_0 by [`q8::mat_vnni`]): the default where [`q4k::available`].
+    /// q4_K and q5_K matrices packed 16 rows at a time at load and multiplied by
+    /// [`q4k16::mat_vnni`] and [`q4k16::mat_vnni5`] (q8_0 by [`q8::mat_vnni`]): the default where
+    /// [`q4k::available`]. (`Vnni` and `Ggml` leave q5_K to ggml.)
     Packed,
 }
 
@@ -168,7 +169,20 @@ fn product_names(n_layer: usize) -> Vec<String> {
 
 /// Whether a weight of type `ty` and shape `ne` is packed under `kernel`.
 fn packs(kernel: LayerKernel, ty: GgmlType, ne: &[usize]) -> bool {
-    kernel == LayerKernel::Packed && ty == GgmlType::Q4K && q4k16::fits(ne[1], ne[0])
+    kernel == LayerKernel::Packed
+        && matches!(ty, GgmlType::Q4K | GgmlType::Q5K)
+        && q4k16::fits(ne[1], ne[0])
+}
+
+/// Packs (`forward`) or unpacks the `n` rows of a q4_K or q5_K weight, in place.
+fn repack(ty: GgmlType, bytes: &mut [u8], n: usize, forward: bool) {
+    let row_bytes = bytes.len() / n;
+    match (ty == GgmlType::Q5K, forward) {
+        (false, true) => q4k16::pack(bytes, n, row_bytes),
+        (false, false) => q4k16::unpack(bytes, n, row_bytes),
+        (true, true) => q4k16::pack5(bytes, n, row_bytes),
+        (true, false) => q4k16::unpack5(bytes, n, row_bytes),
+    }
 }
 
 /// Writes a layer product's weight `w` from the file's bytes `data`, packed for
@@ -182,7 +196,7 @@ pub(crate) fn write_product_weight(
     let ne = w.ne();
     if packs(kernel, ty, &ne) && data.len() == w.nbytes() {
         let mut packed = data.to_vec();
-        q4k16::pack(&mut packed, ne[1], data.len() / ne[1]);
+        repack(ty, &mut packed, ne[1], true);
         w.write_bytes(&packed)
     } else {
         w.write_bytes(data)
@@ -324,25 +338,22 @@ impl CodePredictor {
         // The graphs hold pointers into the weights, not their bytes: rearranging the bytes in
         // place needs no rebuild by itself, but the graphs pick the kernel.
         for name in product_names(self.geometry.n_layer) {
-            // Only q4_K weights are ever packed (see `packs`).
-            let Some(w) = self.weights.get(&name).filter(|w| w.is_type(GgmlType::Q4K)) else {
+            // Only q4_K and q5_K weights are ever packed (see `packs`).
+            let Some((w, ty)) = self.weights.get(&name).and_then(|w| {
+                [GgmlType::Q4K, GgmlType::Q5K]
+                    .into_iter()
+                    .find(|&t| w.is_type(t))
+                    .map(|t| (w, t))
+            }) else {
                 continue;
             };
             let ne = w.ne();
-            let (was, will) = (
-                packs(self.kernel, GgmlType::Q4K, &ne),
-                packs(kernel, GgmlType::Q4K, &ne),
-            );
+            let (was, will) = (packs(self.kernel, ty, &ne), packs(kernel, ty, &ne));
             if was == will {
                 continue;
             }
             let mut bytes = w.read_bytes().map_err(ModelError::from)?;
-            let row_bytes = bytes.len() / ne[1];
-            if will {
-                q4k16::pack(&mut bytes, ne[1], row_bytes);
-            } else {
-                q4k16::unpack(&mut bytes, ne[1], row_bytes);
-            }
+            repack(ty, &mut bytes, ne[1], will);
             w.write_bytes(&bytes).map_err(ModelError::from)?;
         }
         self.steps = build_steps(&self.weights, &self.geometry, kernel)?;
@@ -738,7 +749,8 @@ fn build_steps(
         .collect()
 }
 
-/// `mul_mat(w, x)` of a layer, by `kernel`: packed q4_K rows by [`q4k16::mat_vnni`] (packed at
+/// `mul_mat(w, x)` of a layer, by `kernel`: packed q4_K and q5_K rows by [`q4k16::mat_vnni`]
+/// and [`q4k16::mat_vnni5`] (packed at
 /// load or by [`CodePredictor::set_layer_kernel`], see [`packs`]), other q4_K and q8_0 rows by
 /// [`q4k::mat_vnni`] and [`q8::mat_vnni`], unless `kernel` is [`LayerKernel::Ggml`] (the only
 /// one set without the CPU's features).
@@ -753,6 +765,9 @@ pub(crate) fn layer_product<'a>(
         let ne = w.ne();
         if w.is_type(GgmlType::Q4K) && packs(kernel, GgmlType::Q4K, &ne) {
             return c.map_mat_in::<{ q4k16::GROUP }>(w, x, q4k16::mat_vnni);
+        }
+        if w.is_type(GgmlType::Q5K) && packs(kernel, GgmlType::Q5K, &ne) {
+            return c.map_mat_in::<{ q4k16::GROUP }>(w, x, q4k16::mat_vnni5);
         }
         if w.is_type(GgmlType::Q4K) && ne[0].is_multiple_of(q4k::BLOCK) {
             return c.map_mat(w, x, q4k::mat_vnni);

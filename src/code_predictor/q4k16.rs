@@ -13,6 +13,14 @@
 //! - bytes 256..2304: for each 32-byte nibble group `g` (0..4) and each 4-byte step `t` (0..8) of
 //!   it, 64 bytes: bytes `32g + 4t .. 32g + 4t + 4` of the nibbles of row 0, then row 1, … row 15.
 //!
+//! q5_K rows (176 bytes per block: the same `d`, `dmin` and scales, then 32 bytes `qh` of fifth
+//! bits before the same 128 nibble bytes) pack the same way ([`pack5`], [`mat_vnni5`]), with
+//! their fifth bits between the halves: a packed block (16 × 176 = 2816 bytes) holds the scales
+//! and `d`, `dmin` at bytes 0..256 as above, then at 256..768, for each nibble group `g` and step
+//! `t`, two 64-bit masks (low nibbles, then high) whose bit `4r + e` is the fifth bit of the
+//! weight held by byte `4r + e` of that step's 64 nibble bytes, then the nibbles at 768..2816.
+//! The kernel adds 16 to the weights whose bit is set (a masked byte add) before the products.
+//!
 //! The input is quantized as for [`super::q4k`] (per 256 values, `dx = max|x| / 127`), kept in
 //! its natural order with each sub-block's integer sum; a row's product is
 //! `Σ_blocks dx · (d · Σ_j sc_j · (q · xq)_j − dmin · Σ_j m_j · Σ xq_j)`. The tests hold
@@ -27,6 +35,13 @@ use super::quant::{quantize_block, with_inputs, Fill};
 pub const GROUP: usize = 16;
 /// Bytes of one block of a packed group.
 const GROUP_BLOCK: usize = GROUP * BLOCK_BYTES;
+/// Bytes of one q5_K block.
+pub const BLOCK_BYTES5: usize = 176;
+/// Bytes of one block of a packed q5_K group.
+const GROUP_BLOCK5: usize = GROUP * BLOCK_BYTES5;
+/// Where a packed q5_K block's masks start, and its nibbles.
+const MASKS5: usize = 256;
+const NIBBLES5: usize = 768;
 
 /// Whether a q4_K matrix of `n` rows of `k` weights can be packed.
 pub fn fits(n: usize, k: usize) -> bool {
@@ -48,29 +63,66 @@ fn packed_offset(r: usize, i: usize) -> usize {
     }
 }
 
-/// Rearranges `q` (`n` q4_K rows of `row_bytes`) into the packed layout, or back when
-/// `!forward`. `q` must hold exactly `n` rows, `n` a multiple of [`GROUP`].
-fn permute(q: &mut [u8], n: usize, row_bytes: usize, forward: bool) {
+/// Rearranges `q` (`n` q4_K rows of `row_bytes`, or q5_K when `five`) into the packed layout, or
+/// back when `!forward`. `q` must hold exactly `n` rows, `n` a multiple of [`GROUP`].
+fn permute(q: &mut [u8], n: usize, row_bytes: usize, five: bool, forward: bool) {
+    let (block_bytes, group_block) = if five {
+        (BLOCK_BYTES5, GROUP_BLOCK5)
+    } else {
+        (BLOCK_BYTES, GROUP_BLOCK)
+    };
     assert!(
         n.is_multiple_of(GROUP)
-            && row_bytes.is_multiple_of(BLOCK_BYTES)
+            && row_bytes.is_multiple_of(block_bytes)
             && q.len() == n * row_bytes,
-        "q4_K packing: {n} rows of {row_bytes} bytes in {} bytes",
+        "q{}_K packing: {n} rows of {row_bytes} bytes in {} bytes",
+        if five { 5 } else { 4 },
         q.len()
     );
-    let nb = row_bytes / BLOCK_BYTES;
+    let nb = row_bytes / block_bytes;
     let mut tmp = vec![0u8; GROUP * row_bytes];
     for region in q.chunks_exact_mut(GROUP * row_bytes) {
         tmp.copy_from_slice(region);
+        // q5_K's masks (forward) or qh bytes (back) are built bit by bit below.
+        region.fill(0);
         for b in 0..nb {
+            let packed = |i: usize| b * group_block + i;
             for r in 0..GROUP {
-                for i in 0..BLOCK_BYTES {
-                    let raw = r * row_bytes + b * BLOCK_BYTES + i;
-                    let packed = b * GROUP_BLOCK + packed_offset(r, i);
+                let raw = r * row_bytes + b * block_bytes;
+                // d, dmin, the scales and the nibbles; q5_K's nibbles come after its qh bytes
+                // in a row and after its masks in a group.
+                let bytes = (0..16).chain(if five { 48 } else { 16 }..block_bytes);
+                for i in bytes {
+                    let at = match i {
+                        0..16 => packed_offset(r, i),
+                        _ if five => packed_offset(r, i - 32) - 256 + NIBBLES5,
+                        _ => packed_offset(r, i),
+                    };
                     if forward {
-                        region[packed] = tmp[raw];
+                        region[packed(at)] = tmp[raw + i];
                     } else {
-                        region[raw] = tmp[packed];
+                        region[raw + i] = tmp[packed(at)];
+                    }
+                }
+                if !five {
+                    continue;
+                }
+                // Fifth bits: weight l of nibble group g has bit 2g (low nibble) or 2g + 1
+                // (high) of qh[l]; l = 4t + e sits at byte 4r + e of step t.
+                for g in 0..4 {
+                    for t in 0..8 {
+                        for h in 0..2 {
+                            let m = packed(mask_offset(g, t, h));
+                            for e in 0..4 {
+                                let (qh, bit) = (raw + 16 + 4 * t + e, 2 * g + h);
+                                let (byte, mbit) = (m + (4 * r + e) / 8, (4 * r + e) % 8);
+                                if forward {
+                                    region[byte] |= (tmp[qh] >> bit & 1) << mbit;
+                                } else {
+                                    region[qh] |= (tmp[byte] >> mbit & 1) << bit;
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -78,15 +130,32 @@ fn permute(q: &mut [u8], n: usize, row_bytes: usize, forward: bool) {
     }
 }
 
+/// Offset in a packed q5_K block of mask `h` (0: low nibbles, 1: high) of nibble group `g`, step
+/// `t`.
+fn mask_offset(g: usize, t: usize, h: usize) -> usize {
+    MASKS5 + ((g * 8 + t) * 2 + h) * 8
+}
+
 /// Packs `n` q4_K rows of `row_bytes` in place (see the module's layout); `n` must be a
 /// multiple of [`GROUP`] (see [`fits`]).
 pub fn pack(q: &mut [u8], n: usize, row_bytes: usize) {
-    permute(q, n, row_bytes, true);
+    permute(q, n, row_bytes, false, true);
 }
 
 /// Undoes [`pack`].
 pub fn unpack(q: &mut [u8], n: usize, row_bytes: usize) {
-    permute(q, n, row_bytes, false);
+    permute(q, n, row_bytes, false, false);
+}
+
+/// Packs `n` q5_K rows of `row_bytes` in place (see the module's layout); `n` must be a
+/// multiple of [`GROUP`] (see [`fits`]).
+pub fn pack5(q: &mut [u8], n: usize, row_bytes: usize) {
+    permute(q, n, row_bytes, true, true);
+}
+
+/// Undoes [`pack5`].
+pub fn unpack5(q: &mut [u8], n: usize, row_bytes: usize) {
+    permute(q, n, row_bytes, true, false);
 }
 
 /// An input row quantized for [`mat_vnni`], in its natural order.
@@ -153,6 +222,44 @@ pub unsafe fn mat_vnni(
     y: *mut f32,
     y_stride: usize,
 ) {
+    // SAFETY: the caller's contract.
+    unsafe { mat::<false>(w, row_bytes, n, k, x, m, y, y_stride) }
+}
+
+/// [`mat_vnni`] for q5_K rows packed by [`pack5`].
+///
+/// # Safety
+/// As [`mat_vnni`], with `w` pointing at `n / GROUP` groups packed by [`pack5`] and `row_bytes`
+/// `k / BLOCK · BLOCK_BYTES5`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn mat_vnni5(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    k: usize,
+    x: *const f32,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { mat::<true>(w, row_bytes, n, k, x, m, y, y_stride) }
+}
+
+/// [`mat_vnni`] (`Q5` false) and [`mat_vnni5`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn mat<const Q5: bool>(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    k: usize,
+    x: *const f32,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
     let nb = k / BLOCK;
     // SAFETY: the caller's contract: n / GROUP groups of GROUP · row_bytes bytes at w, m inputs
     // of k floats, outputs within y's rows.
@@ -164,12 +271,12 @@ pub unsafe fn mat_vnni(
                 let mut j = 0;
                 while j < inputs.len() {
                     if j + 2 <= inputs.len() {
-                        let out = vnni::dots::<2>(gw, nb, [&inputs[j], &inputs[j + 1]]);
+                        let out = vnni::dots::<2, Q5>(gw, nb, [&inputs[j], &inputs[j + 1]]);
                         vnni::store(out[0], y.add(j * y_stride + r0));
                         vnni::store(out[1], y.add((j + 1) * y_stride + r0));
                         j += 2;
                     } else {
-                        let out = vnni::dots::<1>(gw, nb, [&inputs[j]]);
+                        let out = vnni::dots::<1, Q5>(gw, nb, [&inputs[j]]);
                         vnni::store(out[0], y.add(j * y_stride + r0));
                         j += 1;
                     }
@@ -181,11 +288,12 @@ pub unsafe fn mat_vnni(
 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{Natural, BLOCK, GROUP_BLOCK};
+    use super::{mask_offset, Natural, BLOCK, GROUP_BLOCK, GROUP_BLOCK5, NIBBLES5};
     use std::arch::x86_64::*;
 
-    /// How far ahead of the line being read the kernel asks for the weights' cache lines.
-    const AHEAD: usize = 4 * GROUP_BLOCK;
+    /// How far ahead of the line being read the kernel asks for the weights' cache lines, in
+    /// blocks.
+    const AHEAD: usize = 4;
 
     /// Writes the 16 outputs of a group.
     ///
@@ -210,8 +318,8 @@ mod vnni {
         }};
     }
 
-    /// The products of one packed group (16 rows of `nb` blocks at `grp`) with `M` inputs, one
-    /// vector of 16 row results per input.
+    /// The products of one packed group (16 rows of `nb` blocks at `grp`, q5_K when `Q5`, else
+    /// q4_K) with `M` inputs, one vector of 16 row results per input.
     ///
     /// Per block: the nibble products run in two independent chains per sub-block (even and
     /// odd 4-byte steps), so that `vpdpbusd`'s latency is not the loop's; each sub-block's sum is
@@ -222,11 +330,13 @@ mod vnni {
     /// `grp` points at `nb` packed blocks, each input holds `nb` blocks; the CPU has the
     /// features of [`super::super::q4k::available`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
-    pub(super) unsafe fn dots<const M: usize>(
+    pub(super) unsafe fn dots<const M: usize, const Q5: bool>(
         grp: *const u8,
         nb: usize,
         ps: [&Natural; M],
     ) -> [__m512; M] {
+        let block_bytes = if Q5 { GROUP_BLOCK5 } else { GROUP_BLOCK };
+        let sixteen = _mm512_set1_epi8(16);
         let low = _mm512_set1_epi8(0x0f);
         let m6 = _mm512_set1_epi32(0x3f3f_3f3f);
         let m4 = _mm512_set1_epi32(0x0f0f_0f0f);
@@ -234,12 +344,14 @@ mod vnni {
         let even = _mm512_set1_epi32(0x00ff_00ff);
         let mut acc = [_mm512_setzero_ps(); M];
         for b in 0..nb {
-            let blk = grp.wrapping_add(b * GROUP_BLOCK);
+            let blk = grp.wrapping_add(b * block_bytes);
             // SAFETY: block b of the group and of each input (the caller's contract); the
             // prefetches are hints, never dereferenced, and may point past the matrix.
             unsafe {
-                for l in 0..GROUP_BLOCK / 64 {
-                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(AHEAD + 64 * l).cast());
+                for l in 0..block_bytes / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        blk.wrapping_add(AHEAD * block_bytes + 64 * l).cast(),
+                    );
                 }
                 let a = _mm512_loadu_si512(blk.cast());
                 let bw = _mm512_loadu_si512(blk.add(64).cast());
@@ -256,15 +368,23 @@ mod vnni {
                     _mm512_and_si512(_mm512_srli_epi32::<4>(c), m4),
                     _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(bw), m2)),
                 );
-                let qs = blk.add(256);
+                let qs = blk.add(if Q5 { NIBBLES5 } else { 256 });
                 let mut fsum = [_mm512_setzero_ps(); M];
                 for g in 0..4 {
                     let mut lo_acc = [[_mm512_setzero_si512(); 2]; M];
                     let mut hi_acc = [[_mm512_setzero_si512(); 2]; M];
                     for t in 0..8 {
                         let v = _mm512_loadu_si512(qs.add((g * 8 + t) * 64).cast());
-                        let lo = _mm512_and_si512(v, low);
-                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                        let mut lo = _mm512_and_si512(v, low);
+                        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                        if Q5 {
+                            let bits = |h| {
+                                let at = blk.add(mask_offset(g, t, h));
+                                _cvtu64_mask64(at.cast::<u64>().read_unaligned())
+                            };
+                            lo = _mm512_mask_add_epi8(lo, bits(0), lo, sixteen);
+                            hi = _mm512_mask_add_epi8(hi, bits(1), hi, sixteen);
+                        }
                         for j in 0..M {
                             let xq = ps[j].q.as_ptr().add(b * BLOCK + 64 * g + 4 * t);
                             let xl = _mm512_set1_epi32(xq.cast::<i32>().read_unaligned());
@@ -334,6 +454,84 @@ mod tests {
             }
         }
         assert!(hit.iter().all(|&h| h == 1));
+    }
+
+    #[test]
+    fn q5_packing_moves_every_bit_and_unpack_undoes_it() {
+        let (q, _, _) = testing::case(GgmlType::Q5K, 32, 512, 1, 9);
+        let row_bytes = q.len() / 32;
+        assert_eq!(row_bytes, 2 * BLOCK_BYTES5);
+        let mut p = q.clone();
+        pack5(&mut p, 32, row_bytes);
+        assert_ne!(p, q, "packing moves bytes");
+        let ones = |v: &[u8]| v.iter().map(|b| b.count_ones()).sum::<u32>();
+        assert_eq!(ones(&p), ones(&q), "the same bits");
+        unpack5(&mut p, 32, row_bytes);
+        assert_eq!(p, q);
+        // Every byte of a packed block is written by exactly one byte or bit of the rows.
+        let mut hit = vec![0u32; GROUP_BLOCK5];
+        for r in 0..GROUP {
+            for i in 0..BLOCK_BYTES {
+                hit[if i < 16 {
+                    packed_offset(r, i)
+                } else {
+                    packed_offset(r, i) - 256 + NIBBLES5
+                }] += 8;
+            }
+            for (g, t, h, e) in (0..4 * 8 * 2 * 4).map(|i| (i / 64, i / 8 % 8, i / 4 % 2, i % 4)) {
+                hit[mask_offset(g, t, h) + (4 * r + e) / 8] += 1;
+            }
+        }
+        assert!(hit.iter().all(|&h| h == 8), "{hit:?}");
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn packed_q5_kernel_equals_the_dequantized_rows_products() {
+        if !q4k::available() {
+            eprintln!("skipped: no AVX-512 VNNI on this CPU");
+            return;
+        }
+        for (seed, &(n, k, m)) in [(16, 256, 1), (64, 1024, 1), (32, 3072, 2), (48, 512, 3)]
+            .iter()
+            .enumerate()
+        {
+            let (q, deq, x) = testing::case(GgmlType::Q5K, n, k, m, 60 + seed as u64);
+            let mut p = q.clone();
+            pack5(&mut p, n, q.len() / n);
+            let got = testing::run(mat_vnni5, &p, n, k, &x, m);
+            testing::check_outputs(&got, &deq, &x, (n, k, m));
+            // The fifth bits matter: the q4_K kernel's reading of the same nibbles is far off.
+            let mut err = 0f64;
+            let q4 = testing::run(mat_vnni5_without_bits, &p, n, k, &x, m);
+            for (a, b) in got.iter().zip(&q4) {
+                err = err.max((a - b).abs() as f64);
+            }
+            assert!(err > 0.1, "{err}");
+        }
+    }
+
+    /// [`mat_vnni5`]'s nibbles with every fifth bit cleared.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn mat_vnni5_without_bits(
+        w: *const u8,
+        row_bytes: usize,
+        n: usize,
+        k: usize,
+        x: *const f32,
+        m: usize,
+        y: *mut f32,
+        y_stride: usize,
+    ) {
+        // SAFETY: as mat_vnni5, on a copy of the rows with the masks zeroed.
+        unsafe {
+            let mut copy = std::slice::from_raw_parts(w, n * row_bytes).to_vec();
+            for blk in copy.chunks_exact_mut(GROUP_BLOCK5) {
+                blk[MASKS5..NIBBLES5].fill(0);
+            }
+            mat_vnni5(copy.as_ptr(), row_bytes, n, k, x, m, y, y_stride)
+        }
     }
 
     #[cfg(target_arch = "x86_64")]

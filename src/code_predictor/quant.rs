@@ -183,6 +183,12 @@ pub(super) mod testing {
         let (n, k, m) = (24, 1024, 2);
         let (q, deq, x) = case(ty, n, k, m, 1);
         let y = run(kernel, &q, n, k, &x, m);
+        check_outputs(&y, &deq, &x, (n, k, m));
+    }
+
+    /// A kernel's outputs `y` (`m` rows of `n`) against the f64 products of the dequantized rows
+    /// `deq` (`n` of `k`) with the inputs `x` (`m` of `k`), as [`check_against_dequantized`].
+    pub fn check_outputs(y: &[f32], deq: &[f32], x: &[f32], (n, k, m): (usize, usize, usize)) {
         let (mut err2, mut sig2) = (0f64, 0f64);
         for j in 0..m {
             for r in 0..n {
