@@ -1,8 +1,8 @@
-//! The packed q4_K kernel (`code_predictor::q4k16::mat_vnni`) alone, one thread, one input, on
-//! working sets that stay in L2 (1 MiB), fit in this machine's L3 (48 MiB, about the code
-//! predictor's 45 MB of q4_K layers) and come from memory (384 MiB, more than the talker's
-//! 236 MB); beside it, in the same run, a plain AVX-512 summing loop over the same bytes: the
-//! read bandwidth the kernel could reach from where its weights are.
+//! The packed q4_K and q5_K kernels (`code_predictor::q4k16::mat_vnni`, `mat_vnni5`) alone, one
+//! thread, one input, on working sets that stay in L2 (1 MiB), fit in this machine's L3 (48 MiB,
+//! about the code predictor's 45 MB of q4_K layers) and come from memory (384 MiB, more than the
+//! talker's 236 MB); beside each, in the same run, a plain AVX-512 summing loop over the same
+//! bytes: the read bandwidth the kernel could reach from where its weights are.
 //!
 //! Run with: `cargo bench --bench kernels`. Criterion prints bytes per second (throughput);
 //! the matrices are 3072 × 1024 (the code predictor's gate and up shape), copies of one
@@ -10,6 +10,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use qtts::code_predictor::q4k16;
+use qtts::ffi::MatKernel;
 use qtts::gguf::GgmlType;
 use rand::{Rng, SeedableRng};
 
@@ -46,55 +47,64 @@ fn bench(c: &mut Criterion) {
     let w: Vec<f32> = (0..ROWS * K)
         .map(|_| rng.random_range(-0.1f32..0.1))
         .collect();
-    let mut one = qtts::ffi::quantize(GgmlType::Q4K, &w, K).unwrap();
-    let row_bytes = one.len() / ROWS;
-    q4k16::pack(&mut one, ROWS, row_bytes);
     let x: Vec<f32> = (0..K).map(|_| rng.random_range(-2f32..2.0)).collect();
     let mut y = vec![0f32; ROWS];
-
-    for (label, set) in [
-        ("L2, 1 MiB", 1usize << 20),
-        ("L3, 48 MiB", 48 << 20),
-        ("memory, 384 MiB", 384 << 20),
+    type Pack = fn(&mut [u8], usize, usize);
+    for (ty, pack, kernel) in [
+        (
+            GgmlType::Q4K,
+            q4k16::pack as Pack,
+            q4k16::mat_vnni as MatKernel,
+        ),
+        (GgmlType::Q5K, q4k16::pack5, q4k16::mat_vnni5),
     ] {
-        let mats = set.div_ceil(one.len()).max(1);
-        // Rows of the first matrix only when the set is smaller than one matrix.
-        let rows = if set < one.len() {
-            set / row_bytes / q4k16::GROUP * q4k16::GROUP
-        } else {
-            ROWS
-        };
-        let all: Vec<u8> = one[..rows * row_bytes].repeat(mats);
-        let bytes = all.len();
-        let mut g = c.benchmark_group(format!("q4_K, 1 thread, {label}"));
-        g.throughput(Throughput::Bytes(bytes as u64));
-        g.sample_size(20);
-        g.bench_function("sum of the bytes (read bandwidth)", |b| {
-            // SAFETY: the CPU has AVX-512 F (checked above, with VNNI).
-            b.iter(|| unsafe { sum_bytes(std::hint::black_box(&all)) })
-        });
-        g.bench_function("packed kernel, 1 input", |b| {
-            b.iter(|| {
-                for m in all.chunks_exact(rows * row_bytes) {
-                    // SAFETY: `rows` packed rows (whole groups) of K weights, one input of K,
-                    // `rows` outputs; the CPU has VNNI (checked above).
-                    unsafe {
-                        q4k16::mat_vnni(
-                            m.as_ptr(),
-                            row_bytes,
-                            rows,
-                            K,
-                            x.as_ptr(),
-                            1,
-                            y.as_mut_ptr(),
-                            rows,
-                        )
+        let mut one = qtts::ffi::quantize(ty, &w, K).unwrap();
+        let row_bytes = one.len() / ROWS;
+        pack(&mut one, ROWS, row_bytes);
+        for (label, set) in [
+            ("L2, 1 MiB", 1usize << 20),
+            ("L3, 48 MiB", 48 << 20),
+            ("memory, 384 MiB", 384 << 20),
+        ] {
+            let mats = set.div_ceil(one.len()).max(1);
+            // Rows of the first matrix only when the set is smaller than one matrix.
+            let rows = if set < one.len() {
+                set / row_bytes / q4k16::GROUP * q4k16::GROUP
+            } else {
+                ROWS
+            };
+            let all: Vec<u8> = one[..rows * row_bytes].repeat(mats);
+            let bytes = all.len();
+            let mut g = c.benchmark_group(format!("{}, 1 thread, {label}", ty.name()));
+            g.throughput(Throughput::Bytes(bytes as u64));
+            g.sample_size(20);
+            g.bench_function("sum of the bytes (read bandwidth)", |b| {
+                // SAFETY: the CPU has AVX-512 F (checked above, with VNNI).
+                b.iter(|| unsafe { sum_bytes(std::hint::black_box(&all)) })
+            });
+            g.bench_function("packed kernel, 1 input", |b| {
+                b.iter(|| {
+                    for m in all.chunks_exact(rows * row_bytes) {
+                        // SAFETY: `rows` packed rows (whole groups) of K weights, one input of
+                        // K, `rows` outputs; the CPU has VNNI (checked above).
+                        unsafe {
+                            kernel(
+                                m.as_ptr(),
+                                row_bytes,
+                                rows,
+                                K,
+                                x.as_ptr(),
+                                1,
+                                y.as_mut_ptr(),
+                                rows,
+                            )
+                        }
                     }
-                }
-                std::hint::black_box(&y);
-            })
-        });
-        g.finish();
+                    std::hint::black_box(&y);
+                })
+            });
+            g.finish();
+        }
     }
 }
 

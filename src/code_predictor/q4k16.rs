@@ -378,10 +378,7 @@ mod vnni {
                         let mut lo = _mm512_and_si512(v, low);
                         let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
                         if Q5 {
-                            let bits = |h| {
-                                let at = blk.add(mask_offset(g, t, h));
-                                _cvtu64_mask64(at.cast::<u64>().read_unaligned())
-                            };
+                            let bits = |h| _load_mask64(blk.add(mask_offset(g, t, h)).cast());
                             lo = _mm512_mask_add_epi8(lo, bits(0), lo, sixteen);
                             hi = _mm512_mask_add_epi8(hi, bits(1), hi, sixteen);
                         }

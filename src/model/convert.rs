@@ -29,10 +29,11 @@ pub enum OutType {
     /// 8-bit blocks of 32 (ggml q8_0).
     #[value(name = "q8_0")]
     Q8_0,
-    /// 6-bit k-quants (ggml q6_K): the talker and code predictor through ggml's products.
+    /// 6-bit k-quants (ggml q6_K): the talker's and code predictor's products by ggml.
     #[value(name = "q6_k")]
     Q6K,
-    /// 5-bit k-quants (ggml q5_K): the talker and code predictor through ggml's products.
+    /// 5-bit k-quants (ggml q5_K): the smallest that meets cosine 0.99 on random weights
+    /// (PERFORMANCE.md).
     #[value(name = "q5_k")]
     Q5K,
     /// 4-bit k-quants (ggml q4_K).
