@@ -63,6 +63,17 @@ fn packed_offset(r: usize, i: usize) -> usize {
     }
 }
 
+/// Where byte `i` of row `r`'s q5_K block goes in its group's packed block, for the bytes that
+/// move whole (`d`, `dmin`, the scales and the nibbles, not `qh` at 16..48): q4_K's places, the
+/// nibbles after the masks.
+#[inline]
+fn packed_offset5(r: usize, i: usize) -> usize {
+    match i {
+        0..16 => packed_offset(r, i),
+        _ => packed_offset(r, i - 32) - 256 + NIBBLES5,
+    }
+}
+
 /// Rearranges `q` (`n` q4_K rows of `row_bytes`, or q5_K when `five`) into the packed layout, or
 /// back when `!forward`. `q` must hold exactly `n` rows, `n` a multiple of [`GROUP`].
 fn permute(q: &mut [u8], n: usize, row_bytes: usize, five: bool, forward: bool) {
@@ -93,10 +104,10 @@ fn permute(q: &mut [u8], n: usize, row_bytes: usize, five: bool, forward: bool) 
                 // in a row and after its masks in a group.
                 let bytes = (0..16).chain(if five { 48 } else { 16 }..block_bytes);
                 for i in bytes {
-                    let at = match i {
-                        0..16 => packed_offset(r, i),
-                        _ if five => packed_offset(r, i - 32) - 256 + NIBBLES5,
-                        _ => packed_offset(r, i),
+                    let at = if five {
+                        packed_offset5(r, i)
+                    } else {
+                        packed_offset(r, i)
                     };
                     if forward {
                         region[packed(at)] = tmp[raw + i];
@@ -468,12 +479,8 @@ mod tests {
         // Every byte of a packed block is written by exactly one byte or bit of the rows.
         let mut hit = vec![0u32; GROUP_BLOCK5];
         for r in 0..GROUP {
-            for i in 0..BLOCK_BYTES {
-                hit[if i < 16 {
-                    packed_offset(r, i)
-                } else {
-                    packed_offset(r, i) - 256 + NIBBLES5
-                }] += 8;
+            for i in (0..16).chain(48..BLOCK_BYTES5) {
+                hit[packed_offset5(r, i)] += 8;
             }
             for (g, t, h, e) in (0..4 * 8 * 2 * 4).map(|i| (i / 64, i / 8 % 8, i / 4 % 2, i % 4)) {
                 hit[mask_offset(g, t, h) + (4 * r + e) / 8] += 1;
@@ -498,36 +505,16 @@ mod tests {
             pack5(&mut p, n, q.len() / n);
             let got = testing::run(mat_vnni5, &p, n, k, &x, m);
             testing::check_outputs(&got, &deq, &x, (n, k, m));
-            // The fifth bits matter: the q4_K kernel's reading of the same nibbles is far off.
+            // The fifth bits matter: the same rows with every mask cleared are far off.
+            for blk in p.chunks_exact_mut(GROUP_BLOCK5) {
+                blk[MASKS5..NIBBLES5].fill(0);
+            }
+            let q4 = testing::run(mat_vnni5, &p, n, k, &x, m);
             let mut err = 0f64;
-            let q4 = testing::run(mat_vnni5_without_bits, &p, n, k, &x, m);
             for (a, b) in got.iter().zip(&q4) {
                 err = err.max((a - b).abs() as f64);
             }
             assert!(err > 0.1, "{err}");
-        }
-    }
-
-    /// [`mat_vnni5`]'s nibbles with every fifth bit cleared.
-    #[cfg(target_arch = "x86_64")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn mat_vnni5_without_bits(
-        w: *const u8,
-        row_bytes: usize,
-        n: usize,
-        k: usize,
-        x: *const f32,
-        m: usize,
-        y: *mut f32,
-        y_stride: usize,
-    ) {
-        // SAFETY: as mat_vnni5, on a copy of the rows with the masks zeroed.
-        unsafe {
-            let mut copy = std::slice::from_raw_parts(w, n * row_bytes).to_vec();
-            for blk in copy.chunks_exact_mut(GROUP_BLOCK5) {
-                blk[MASKS5..NIBBLES5].fill(0);
-            }
-            mat_vnni5(copy.as_ptr(), row_bytes, n, k, x, m, y, y_stride)
         }
     }
 

@@ -250,6 +250,50 @@ fn thread_share(n: usize, ith: std::os::raw::c_int, nth: std::os::raw::c_int) ->
     ((ith * per).min(n), ((ith + 1) * per).min(n))
 }
 
+/// ggml's side of a custom op: called on every thread of the graph with the node, the thread's
+/// index and count, and the op's `userdata`.
+type Trampoline = unsafe extern "C" fn(
+    *mut sys::ggml_tensor,
+    std::os::raw::c_int,
+    std::os::raw::c_int,
+    *mut std::os::raw::c_void,
+);
+
+impl Context {
+    /// A new f32 tensor of shape `ne` computed by `fun` from the sources `args` (in that order)
+    /// with `userdata`, on every thread of the graph.
+    ///
+    /// # Safety
+    /// `fun` reads the sources and writes the output only as their shapes, checked by the
+    /// caller, allow, and takes `userdata` for what it is.
+    unsafe fn custom_f32<'a>(
+        &'a self,
+        ne: [usize; 4],
+        args: &[Tensor<'a>],
+        fun: Trampoline,
+        userdata: *mut std::os::raw::c_void,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        let mut srcs: Vec<*mut sys::ggml_tensor> = args.iter().map(|t| t.ptr.as_ptr()).collect();
+        // SAFETY: the sources are live tensors; ggml copies their pointers into the node; the
+        // caller vouches for `fun`.
+        self.op(ne.iter().product(), |ctx| unsafe {
+            sys::ggml_custom_4d(
+                ctx,
+                sys::GGML_TYPE_F32,
+                ne[0] as i64,
+                ne[1] as i64,
+                ne[2] as i64,
+                ne[3] as i64,
+                srcs.as_mut_ptr(),
+                srcs.len() as i32,
+                Some(fun),
+                -1, // GGML_N_TASKS_MAX: every thread of the graph
+                userdata,
+            )
+        })
+    }
+}
+
 /// A row kernel for [`Context::rows3`]: `(x, b, c, y)`, each one row of `ne0` values.
 pub type RowKernel3 = fn(&[f32], &[f32], &[f32], &mut [f32]);
 
@@ -427,31 +471,16 @@ impl Context {
                 found: format!("{nh:?}"),
             });
         }
-        let rows = nh[1] + nx[1];
-        let mut args = [
-            x.ptr.as_ptr(),
-            b.ptr.as_ptr(),
-            c.ptr.as_ptr(),
-            head.ptr.as_ptr(),
-        ];
         // SAFETY: the tensors are live, contiguous f32 and shaped as the trampoline expects
-        // (checked above); ggml copies the argument pointers into the node; the kernel is a plain
-        // function pointer, valid for the program's life.
-        self.op(ne0 * rows, |ctx| unsafe {
-            sys::ggml_custom_4d(
-                ctx,
-                sys::GGML_TYPE_F32,
-                ne0 as i64,
-                rows as i64,
-                1,
-                1,
-                args.as_mut_ptr(),
-                args.len() as i32,
-                Some(rows3_after_trampoline),
-                -1, // GGML_N_TASKS_MAX: every thread of the graph
+        // (checked above); the kernel is a plain function pointer, valid for the program's life.
+        unsafe {
+            self.custom_f32(
+                [ne0, nh[1] + nx[1], 1, 1],
+                &[x, b, c, head],
+                rows3_after_trampoline,
                 kernel as *mut std::os::raw::c_void,
             )
-        })
+        }
     }
 }
 
@@ -508,25 +537,10 @@ impl Context {
         {
             return Ok(None);
         }
-        let mut ne = na.map(|n| n as i64);
-        ne[dim] += nb[dim] as i64;
-        let mut args = [a.ptr.as_ptr(), b.ptr.as_ptr()];
+        let mut ne = na;
+        ne[dim] += nb[dim];
         // SAFETY: the tensors are live, contiguous f32, and the output holds both.
-        let t = self.op(a.n_elems() + b.n_elems(), |ctx| unsafe {
-            sys::ggml_custom_4d(
-                ctx,
-                sys::GGML_TYPE_F32,
-                ne[0],
-                ne[1],
-                ne[2],
-                ne[3],
-                args.as_mut_ptr(),
-                2,
-                Some(append_trampoline),
-                -1, // GGML_N_TASKS_MAX: every thread of the graph
-                std::ptr::null_mut(),
-            )
-        })?;
+        let t = unsafe { self.custom_f32(ne, &[a, b], append_trampoline, std::ptr::null_mut())? };
         Ok(Some(t))
     }
 }
@@ -550,13 +564,8 @@ struct Epilogue {
 }
 
 impl Epilogue {
-    /// Whether there is anything to add.
-    fn any(&self) -> bool {
-        !self.bias.is_null() || !self.residual.is_null()
-    }
-
     /// Adds the bias, then the residual, to rows `rows` and columns `cols` of `y` (rows of `n`),
-    /// in place.
+    /// in place; nothing when there is neither.
     ///
     /// # Safety
     /// `y` holds those rows, the bias `bias_len` values and the residual rows as long as `y`'s;
@@ -568,40 +577,36 @@ impl Epilogue {
         rows: std::ops::Range<usize>,
         cols: std::ops::Range<usize>,
     ) {
+        if self.bias.is_null() && self.residual.is_null() {
+            return;
+        }
+        // SAFETY: `bias_len` values at `bias` when it is not null.
+        let bias = (!self.bias.is_null())
+            .then(|| unsafe { std::slice::from_raw_parts(self.bias, self.bias_len) });
         for t in rows {
             // SAFETY: the caller's contract; `cols` lies within the row.
             let out =
                 unsafe { std::slice::from_raw_parts_mut(y.add(t * n + cols.start), cols.len()) };
-            // SAFETY: the caller's contract.
-            unsafe { self.row(t, n, cols.start, out) };
-        }
-    }
-
-    /// `out` (row `t`'s columns from `c0`) + bias, then + residual.
-    ///
-    /// # Safety
-    /// As [`Epilogue::apply`].
-    unsafe fn row(&self, t: usize, n: usize, c0: usize, out: &mut [f32]) {
-        if !self.bias.is_null() {
-            // SAFETY: `bias_len` values at `bias`.
-            let bias = unsafe { std::slice::from_raw_parts(self.bias, self.bias_len) };
-            // Runs of columns that do not wrap around the bias.
-            let (mut c, mut done) = (c0, 0);
-            while done < out.len() {
-                let b = c % bias.len();
-                let run = (out.len() - done).min(bias.len() - b);
-                for (o, v) in out[done..done + run].iter_mut().zip(&bias[b..b + run]) {
+            if let Some(bias) = bias {
+                // Runs of columns that do not wrap around the bias.
+                let (mut c, mut done) = (cols.start, 0);
+                while done < out.len() {
+                    let b = c % bias.len();
+                    let run = (out.len() - done).min(bias.len() - b);
+                    for (o, v) in out[done..done + run].iter_mut().zip(&bias[b..b + run]) {
+                        *o += v;
+                    }
+                    (c, done) = (c + run, done + run);
+                }
+            }
+            if !self.residual.is_null() {
+                // SAFETY: the residual's row t, as long as `y`'s.
+                let res = unsafe {
+                    std::slice::from_raw_parts(self.residual.add(t * n + cols.start), out.len())
+                };
+                for (o, v) in out.iter_mut().zip(res) {
                     *o += v;
                 }
-                (c, done) = (c + run, done + run);
-            }
-        }
-        if !self.residual.is_null() {
-            // SAFETY: the residual's row t, as long as `y`'s.
-            let res =
-                unsafe { std::slice::from_raw_parts(self.residual.add(t * n + c0), out.len()) };
-            for (o, v) in out.iter_mut().zip(res) {
-                *o += v;
             }
         }
     }
@@ -661,11 +666,7 @@ unsafe extern "C" fn conv_gemm_trampoline(
                 y,
                 s,
                 thread_share(amx::blocks(t_out, c_out), ith, nth),
-                |rows, cols| {
-                    if epilogue.any() {
-                        epilogue.apply(y, c_out, rows, cols)
-                    }
-                },
+                |rows, cols| epilogue.apply(y, c_out, rows, cols),
             );
             return;
         }
@@ -702,9 +703,7 @@ unsafe extern "C" fn conv_gemm_trampoline(
                 );
             }
         });
-        if epilogue.any() {
-            epilogue.apply(y, c_out, r0..r1, 0..c_out);
-        }
+        epilogue.apply(y, c_out, r0..r1, 0..c_out);
     }
 }
 
@@ -792,7 +791,7 @@ impl Context {
             });
         }
         let (c_out, t_out) = (nw[1], nx[1] - span);
-        let mut args = vec![w.ptr.as_ptr(), x.ptr.as_ptr()];
+        let mut args = vec![w, x];
         let mut word = (taps << 14) | dilation;
         if let Some(b) = bias {
             Self::dense_f32("conv_gemm bias", b)?;
@@ -804,7 +803,7 @@ impl Context {
                     found: format!("{:?}", b.ne()),
                 });
             }
-            args.push(b.ptr.as_ptr());
+            args.push(b);
             word |= CONV_GEMM_BIAS;
         }
         if let Some(r) = residual {
@@ -816,27 +815,19 @@ impl Context {
                     found: format!("{:?}", r.ne()),
                 });
             }
-            args.push(r.ptr.as_ptr());
+            args.push(r);
             word |= CONV_GEMM_RESIDUAL;
         }
         // SAFETY: the tensors are live, contiguous f32 and shaped as the trampoline expects
-        // (checked above); the word's flags name the sources after the first two; ggml copies the
-        // source pointers into the node.
-        self.op(c_out * t_out, |ctx| unsafe {
-            sys::ggml_custom_4d(
-                ctx,
-                sys::GGML_TYPE_F32,
-                c_out as i64,
-                t_out as i64,
-                1,
-                1,
-                args.as_mut_ptr(),
-                args.len() as i32,
-                Some(conv_gemm_trampoline),
-                -1, // GGML_N_TASKS_MAX: every thread of the graph
+        // (checked above); the word's flags name the sources after the first two.
+        unsafe {
+            self.custom_f32(
+                [c_out, t_out, 1, 1],
+                &args,
+                conv_gemm_trampoline,
                 word as *mut std::os::raw::c_void,
             )
-        })
+        }
     }
 }
 
@@ -978,23 +969,15 @@ impl Context {
                 found: format!("weights {nw:?} (contiguous {dense}), input {nx:?}"),
             });
         }
-        let mut args = [w.ptr.as_ptr(), x.ptr.as_ptr()];
         // SAFETY: the tensors are live and shaped as the trampoline expects (checked above); the
         // kernel is a plain function pointer, valid for the program's life.
-        self.op(nw[1] * nx[1], |ctx| unsafe {
-            sys::ggml_custom_4d(
-                ctx,
-                sys::GGML_TYPE_F32,
-                nw[1] as i64,
-                nx[1] as i64,
-                1,
-                1,
-                args.as_mut_ptr(),
-                2,
-                Some(map_mat_trampoline::<G>),
-                -1, // GGML_N_TASKS_MAX: every thread of the graph
+        unsafe {
+            self.custom_f32(
+                [nw[1], nx[1], 1, 1],
+                &[w, x],
+                map_mat_trampoline::<G>,
                 kernel as *mut std::os::raw::c_void,
             )
-        })
+        }
     }
 }

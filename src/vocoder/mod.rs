@@ -1006,11 +1006,7 @@ impl<'a> Builder<'a> {
         } else {
             c.mul_mat(w, xp)?
         };
-        let y = c.add_inplace(y, bias)?;
-        match residual {
-            Some(r) => c.add_inplace(y, r),
-            None => Ok(y),
-        }
+        self.ggml_then(y, Some(bias), residual)
     }
 
     /// SnakeBeta `name` of `x`, after the left context in state tensor `hist`: as
