@@ -1,15 +1,17 @@
-//! The packed q4_K and q5_K kernels (`code_predictor::q4k16::mat_vnni`, `mat_vnni5`) alone, one
-//! thread, one input, on working sets that stay in L2 (1 MiB), fit in this machine's L3 (48 MiB,
-//! about the code predictor's 45 MB of q4_K layers) and come from memory (384 MiB, more than the
-//! talker's 236 MB); beside each, in the same run, a plain AVX-512 summing loop over the same
-//! bytes: the read bandwidth the kernel could reach from where its weights are.
+//! The code predictor's quantized kernels alone (packed q4_K and q5_K rows,
+//! `code_predictor::q4k16::mat_vnni`, `mat_vnni5`; q8_0 rows as the file has them,
+//! `code_predictor::q8::mat_vnni`), one thread, one input, on working sets that stay in L2
+//! (1 MiB), fit in this machine's L3 (48 MiB, about the code predictor's 45 MB of q4_K layers)
+//! and come from memory (384 MiB, more than the talker's 236 MB); beside each, in the same run,
+//! a plain AVX-512 summing loop over the same bytes: the read bandwidth the kernel could reach
+//! from where its weights are.
 //!
 //! Run with: `cargo bench --bench kernels`. Criterion prints bytes per second (throughput);
 //! the matrices are 3072 × 1024 (the code predictor's gate and up shape), copies of one
 //! quantized matrix, read round-robin.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use qtts::code_predictor::q4k16;
+use qtts::code_predictor::{q4k16, q8};
 use qtts::ffi::MatKernel;
 use qtts::gguf::GgmlType;
 use rand::{Rng, SeedableRng};
@@ -57,6 +59,8 @@ fn bench(c: &mut Criterion) {
             q4k16::mat_vnni as MatKernel,
         ),
         (GgmlType::Q5K, q4k16::pack5, q4k16::mat_vnni5),
+        // q8_0 rows as the file has them (the code predictor's kernel for q8_0 files).
+        (GgmlType::Q8_0, |_, _, _| {}, q8::mat_vnni),
     ] {
         let mut one = qtts::ffi::quantize(ty, &w, K).unwrap();
         let row_bytes = one.len() / ROWS;
@@ -82,7 +86,7 @@ fn bench(c: &mut Criterion) {
                 // SAFETY: the CPU has AVX-512 F (checked above, with VNNI).
                 b.iter(|| unsafe { sum_bytes(std::hint::black_box(&all)) })
             });
-            g.bench_function("packed kernel, 1 input", |b| {
+            g.bench_function("kernel, 1 input", |b| {
                 b.iter(|| {
                     for m in all.chunks_exact(rows * row_bytes) {
                         // SAFETY: `rows` packed rows (whole groups) of K weights, one input of
