@@ -1,6 +1,6 @@
-//! The code predictor's quantized kernels alone (packed q4_K and q5_K rows,
-//! `code_predictor::q4k16::mat_vnni`, `mat_vnni5`; q8_0 rows as the file has them,
-//! `code_predictor::q8::mat_vnni`), one thread, one input, on working sets that stay in L2
+//! The code predictor's quantized kernels alone (packed q4_K, q5_K and q8_0 rows,
+//! `code_predictor::q4k16::mat_vnni`, `mat_vnni5`, `code_predictor::q8::mat_packed`; q8_0 rows as
+//! the file has them, `code_predictor::q8::mat_vnni`), one thread, one input, on working sets that stay in L2
 //! (1 MiB), fit in this machine's L3 (48 MiB, about the code predictor's 45 MB of q4_K layers)
 //! and come from memory (384 MiB, more than the talker's 236 MB); beside each, in the same run,
 //! a plain AVX-512 summing loop over the same bytes: the read bandwidth the kernel could reach
@@ -52,20 +52,22 @@ fn bench(c: &mut Criterion) {
     let x: Vec<f32> = (0..K).map(|_| rng.random_range(-2f32..2.0)).collect();
     let mut y = vec![0f32; ROWS];
     type Pack = fn(&mut [u8], usize, usize);
-    for (ty, pack, kernel) in [
+    for (label, ty, pack, kernel) in [
         (
+            "q4_K packed",
             GgmlType::Q4K,
             q4k16::pack as Pack,
             q4k16::mat_vnni as MatKernel,
         ),
-        (GgmlType::Q5K, q4k16::pack5, q4k16::mat_vnni5),
-        // q8_0 rows as the file has them (the code predictor's kernel for q8_0 files).
-        (GgmlType::Q8_0, |_, _, _| {}, q8::mat_vnni),
+        ("q5_K packed", GgmlType::Q5K, q4k16::pack5, q4k16::mat_vnni5),
+        ("q8_0 packed", GgmlType::Q8_0, q8::pack, q8::mat_packed),
+        // q8_0 rows as the file has them: the packed kernel's baseline.
+        ("q8_0 rows", GgmlType::Q8_0, |_, _, _| {}, q8::mat_vnni),
     ] {
         let mut one = qtts::ffi::quantize(ty, &w, K).unwrap();
         let row_bytes = one.len() / ROWS;
         pack(&mut one, ROWS, row_bytes);
-        for (label, set) in [
+        for (place, set) in [
             ("L2, 1 MiB", 1usize << 20),
             ("L3, 48 MiB", 48 << 20),
             ("memory, 384 MiB", 384 << 20),
@@ -79,7 +81,7 @@ fn bench(c: &mut Criterion) {
             };
             let all: Vec<u8> = one[..rows * row_bytes].repeat(mats);
             let bytes = all.len();
-            let mut g = c.benchmark_group(format!("{}, 1 thread, {label}", ty.name()));
+            let mut g = c.benchmark_group(format!("{label}, 1 thread, {place}"));
             g.throughput(Throughput::Bytes(bytes as u64));
             g.sample_size(20);
             g.bench_function("sum of the bytes (read bandwidth)", |b| {

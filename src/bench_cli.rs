@@ -116,9 +116,9 @@ pub enum CpKernelArg {
     Auto,
     /// ggml's `mul_mat`.
     Ggml,
-    /// AVX-512 VNNI on the file's q4_K rows.
+    /// AVX-512 VNNI on the file's q4_K and q8_0 rows (q5_K by ggml).
     VnniRows,
-    /// AVX-512 VNNI on q4_K rows packed 16 at a time.
+    /// AVX-512 VNNI on q4_K, q5_K and q8_0 rows packed 16 at a time.
     VnniPacked,
 }
 

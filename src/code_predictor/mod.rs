@@ -125,8 +125,8 @@ pub enum LayerKernel {
     Ggml,
     /// [`q4k::mat_vnni`] and [`q8::mat_vnni`] on the file's rows.
     Vnni,
-    /// q4_K and q5_K matrices packed 16 rows at a time at load and multiplied by
-    /// [`q4k16::mat_vnni`] and [`q4k16::mat_vnni5`] (q8_0 by [`q8::mat_vnni`]): the default where
+    /// q4_K, q5_K and q8_0 matrices packed 16 rows at a time at load and multiplied by
+    /// [`q4k16::mat_vnni`], [`q4k16::mat_vnni5`] and [`q8::mat_packed`]: the default where
     /// [`q4k::available`]. (`Vnni` and `Ggml` leave q5_K to ggml.)
     Packed,
 }
@@ -170,23 +170,34 @@ fn product_names(n_layer: usize) -> Vec<String> {
 /// Whether a weight of type `ty` and shape `ne` is packed under `kernel`.
 fn packs(kernel: LayerKernel, ty: GgmlType, ne: &[usize]) -> bool {
     kernel == LayerKernel::Packed
-        && matches!(ty, GgmlType::Q4K | GgmlType::Q5K)
-        && q4k16::fits(ne[1], ne[0])
+        && match ty {
+            GgmlType::Q4K | GgmlType::Q5K => q4k16::fits(ne[1], ne[0]),
+            GgmlType::Q8_0 => q8::fits(ne[1], ne[0]),
+            _ => false,
+        }
 }
 
-/// Packs (`forward`) or unpacks the `n` rows of a q4_K or q5_K weight, in place.
+/// The types [`packs`] may pack.
+const PACKED_TYPES: [GgmlType; 3] = [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q8_0];
+
+/// Packs (`forward`) or unpacks the `n` rows of a q4_K, q5_K or q8_0 weight, in place.
 fn repack(ty: GgmlType, bytes: &mut [u8], n: usize, forward: bool) {
     let row_bytes = bytes.len() / n;
-    match (ty == GgmlType::Q5K, forward) {
-        (false, true) => q4k16::pack(bytes, n, row_bytes),
-        (false, false) => q4k16::unpack(bytes, n, row_bytes),
-        (true, true) => q4k16::pack5(bytes, n, row_bytes),
-        (true, false) => q4k16::unpack5(bytes, n, row_bytes),
-    }
+    let f = match (ty, forward) {
+        (GgmlType::Q4K, true) => q4k16::pack,
+        (GgmlType::Q4K, false) => q4k16::unpack,
+        (GgmlType::Q5K, true) => q4k16::pack5,
+        (GgmlType::Q5K, false) => q4k16::unpack5,
+        (GgmlType::Q8_0, true) => q8::pack,
+        (GgmlType::Q8_0, false) => q8::unpack,
+        _ => unreachable!("{ty:?} is never packed (see `packs`)"),
+    };
+    f(bytes, n, row_bytes)
 }
 
 /// Writes a layer product's weight `w` from the file's bytes `data`, packed for
-/// [`q4k16::mat_vnni`] when [`packs`] says so under `kernel`.
+/// [`q4k16::mat_vnni`], [`q4k16::mat_vnni5`] or [`q8::mat_packed`] when [`packs`] says so under
+/// `kernel`.
 pub(crate) fn write_product_weight(
     w: Tensor<'_>,
     ty: GgmlType,
@@ -215,7 +226,7 @@ pub struct CodePredictor {
     /// One embedding row, for [`CodePredictor::embed_frame`].
     row: Vec<f32>,
     profile: Option<Profile>,
-    /// What computes the q4_K and q8_0 layer products (and whether the q4_K ones are packed).
+    /// What computes the q4_K, q5_K and q8_0 layer products (and whether they are packed).
     kernel: LayerKernel,
     /// Read by the graphs through ggml's pointers; owned here to outlive them.
     weights: Context,
@@ -327,8 +338,9 @@ impl CodePredictor {
         })
     }
 
-    /// Computes the q4_K and q8_0 layer products with `kernel` (default: [`LayerKernel::fastest`]):
-    /// packs or unpacks the q4_K matrices as needed and rebuilds the frame's graphs. The VNNI
+    /// Computes the q4_K, q5_K and q8_0 layer products with `kernel` (default:
+    /// [`LayerKernel::fastest`]): packs or unpacks the matrices as needed and rebuilds the frame's
+    /// graphs. The VNNI
     /// kernels without the CPU's features are refused.
     pub fn set_layer_kernel(&mut self, kernel: LayerKernel) -> Result<(), ModelError> {
         kernel.check_available()?;
@@ -338,9 +350,8 @@ impl CodePredictor {
         // The graphs hold pointers into the weights, not their bytes: rearranging the bytes in
         // place needs no rebuild by itself, but the graphs pick the kernel.
         for name in product_names(self.geometry.n_layer) {
-            // Only q4_K and q5_K weights are ever packed (see `packs`).
             let Some((w, ty)) = self.weights.get(&name).and_then(|w| {
-                [GgmlType::Q4K, GgmlType::Q5K]
+                PACKED_TYPES
                     .into_iter()
                     .find(|&t| w.is_type(t))
                     .map(|t| (w, t))
@@ -749,9 +760,9 @@ fn build_steps(
         .collect()
 }
 
-/// `mul_mat(w, x)` of a layer, by `kernel`: packed q4_K and q5_K rows by [`q4k16::mat_vnni`]
-/// and [`q4k16::mat_vnni5`] (packed at
-/// load or by [`CodePredictor::set_layer_kernel`], see [`packs`]), other q4_K and q8_0 rows by
+/// `mul_mat(w, x)` of a layer, by `kernel`: packed q4_K, q5_K and q8_0 rows by
+/// [`q4k16::mat_vnni`], [`q4k16::mat_vnni5`] and [`q8::mat_packed`] (packed at load or by
+/// [`CodePredictor::set_layer_kernel`], see [`packs`]), other q4_K and q8_0 rows by
 /// [`q4k::mat_vnni`] and [`q8::mat_vnni`], unless `kernel` is [`LayerKernel::Ggml`] (the only
 /// one set without the CPU's features).
 pub(crate) fn layer_product<'a>(
@@ -768,6 +779,9 @@ pub(crate) fn layer_product<'a>(
         }
         if w.is_type(GgmlType::Q5K) && packs(kernel, GgmlType::Q5K, &ne) {
             return c.map_mat_in::<{ q4k16::GROUP }>(w, x, q4k16::mat_vnni5);
+        }
+        if w.is_type(GgmlType::Q8_0) && packs(kernel, GgmlType::Q8_0, &ne) {
+            return c.map_mat_in::<{ q8::GROUP }>(w, x, q8::mat_packed);
         }
         if w.is_type(GgmlType::Q4K) && ne[0].is_multiple_of(q4k::BLOCK) {
             return c.map_mat(w, x, q4k::mat_vnni);

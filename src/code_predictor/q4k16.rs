@@ -29,10 +29,12 @@
 use std::cell::RefCell;
 
 use super::q4k::{BLOCK, BLOCK_BYTES};
+#[cfg(target_arch = "x86_64")]
+use super::quant::drive_groups;
 use super::quant::{quantize_block, with_inputs, Fill};
 
 /// Rows per packed group.
-pub const GROUP: usize = 16;
+pub const GROUP: usize = super::quant::GROUP;
 /// Bytes of one block of a packed group.
 const GROUP_BLOCK: usize = GROUP * BLOCK_BYTES;
 /// Bytes of one q5_K block.
@@ -271,51 +273,35 @@ unsafe fn mat<const Q5: bool>(
     y: *mut f32,
     y_stride: usize,
 ) {
-    let nb = k / BLOCK;
     // SAFETY: the caller's contract: n / GROUP groups of GROUP · row_bytes bytes at w, m inputs
     // of k floats, outputs within y's rows.
     unsafe {
         with_inputs(&SCRATCH, x, k, m, |inputs| {
-            for grp in 0..n / GROUP {
-                let gw = w.add(grp * GROUP * row_bytes);
-                let r0 = grp * GROUP;
-                let mut j = 0;
-                while j < inputs.len() {
-                    if j + 2 <= inputs.len() {
-                        let out = vnni::dots::<2, Q5>(gw, nb, [&inputs[j], &inputs[j + 1]]);
-                        vnni::store(out[0], y.add(j * y_stride + r0));
-                        vnni::store(out[1], y.add((j + 1) * y_stride + r0));
-                        j += 2;
-                    } else {
-                        let out = vnni::dots::<1, Q5>(gw, nb, [&inputs[j]]);
-                        vnni::store(out[0], y.add(j * y_stride + r0));
-                        j += 1;
-                    }
-                }
-            }
+            let (one, two) = (vnni::dots::<1, Q5>, vnni::dots::<2, Q5>);
+            drive_groups(
+                w,
+                GROUP * row_bytes,
+                n,
+                k / BLOCK,
+                inputs,
+                y,
+                y_stride,
+                one,
+                two,
+            )
         })
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{mask_offset, Natural, BLOCK, GROUP_BLOCK, GROUP_BLOCK5, NIBBLES5};
+    use super::{mask_offset, Natural, BLOCK, GROUP, GROUP_BLOCK, GROUP_BLOCK5, NIBBLES5};
     use std::arch::x86_64::*;
 
     /// How far ahead of the block being read the kernel asks for the weights' cache lines (into
     /// L2), in blocks: 18 KB of q4_K, 22 KB of q5_K. Into L1 and 4 blocks ahead, the kernel
     /// streamed 17 % slower from memory (PERFORMANCE.md, "Prefetching into L2").
     const AHEAD: usize = 8;
-
-    /// Writes the 16 outputs of a group.
-    ///
-    /// # Safety
-    /// `y` has room for 16 floats; the CPU has AVX-512 F.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn store(v: __m512, y: *mut f32) {
-        // SAFETY: the caller's contract.
-        unsafe { _mm512_storeu_ps(y, v) }
-    }
 
     /// Scale or min `s` (0..8) of the 16 rows, from the unpacked low (`s < 4`) and high words
     /// (a macro, so that the intrinsics inline into the caller's target features).
@@ -346,7 +332,7 @@ mod vnni {
         grp: *const u8,
         nb: usize,
         ps: [&Natural; M],
-    ) -> [__m512; M] {
+    ) -> [[f32; GROUP]; M] {
         let block_bytes = if Q5 { GROUP_BLOCK5 } else { GROUP_BLOCK };
         let sixteen = _mm512_set1_epi8(16);
         // Opaque to the compiler: knowing that `v & low` leaves bit 4 clear, it turns the masked
@@ -445,7 +431,12 @@ mod vnni {
                 }
             }
         }
-        acc
+        let mut out = [[0f32; GROUP]; M];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            // SAFETY: 16 floats.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
+        }
+        out
     }
 }
 

@@ -9,19 +9,38 @@
 //!
 //! The input is quantized once per call, per 32 values, to int8 with scale `dx = max|x| / 127`
 //! (as ggml's `q8_0`). [`mat_scalar`] is the same arithmetic without SIMD: the reference of the
-//! tests and of [`mat_vnni`], which the code predictor uses where [`super::q4k::available`] says
-//! the CPU has VNNI.
+//! tests and of [`mat_vnni`].
+//!
+//! [`mat_vnni`] reads the file's rows, a few at a time, with 256-bit vectors and a horizontal
+//! sum per row: it was compute-bound (PERFORMANCE.md, "The q8_0 rows packed 16 at a time").
+//! [`pack`] rearranges a matrix in place, as [`super::q4k16`] does q4_K's, in groups of
+//! [`GROUP`] rows and pairs of blocks, the bytes of a group the same bytes as its rows' with
+//! each weight's top bit flipped (`q + 128`, the unsigned side of `vpdpbusd`). Pair `p` of a
+//! group (2 × 16 × 34 = 1088 bytes, 17 cache lines, at `p · 1088`) holds:
+//! - bytes 0..64: `d` (f16) of the 16 rows for block `2p`, then for block `2p + 1`;
+//! - bytes 64..576 and 576..1088: blocks `2p` and `2p + 1`, each as 8 steps `t` of 64 bytes:
+//!   weights `4t .. 4t + 4` of row 0, then row 1, … row 15.
+//!
+//! [`mat_packed`] keeps one 32-bit lane per row, so a `vpdpbusd` adds four weights of each of
+//! 16 rows, and starts each block's integer sum at `−128 · Σ xq` instead of correcting in
+//! float: `Σ (q + 128) · xq − 128 · Σ xq = Σ q · xq` exactly. The code predictor (and the
+//! talker's own graph) use it where [`super::q4k::available`] says the CPU has VNNI.
 
 use std::cell::RefCell;
 
 #[cfg(target_arch = "x86_64")]
-use super::quant::{drive, Dots};
+use super::quant::{drive, drive_groups, Dots};
 use super::quant::{quantize_block, with_inputs, Fill};
 
 /// Weights per q8_0 block.
 pub const BLOCK: usize = 32;
 /// Bytes per q8_0 block.
 pub const BLOCK_BYTES: usize = 34;
+
+/// Rows per packed group.
+pub const GROUP: usize = super::quant::GROUP;
+/// Bytes of a packed pair of blocks of a group.
+const PAIR_BYTES: usize = 2 * GROUP * BLOCK_BYTES;
 
 /// Input rows quantized for the kernels.
 #[derive(Default)]
@@ -32,6 +51,8 @@ struct Prepared {
     d: Vec<f32>,
     /// Per block, `128 · dx · Σ q`: what the flipped top bit adds to the block's product.
     c: Vec<f32>,
+    /// Per block, `−128 · Σ q`: where [`mat_packed`] starts the block's integer sum.
+    start: Vec<i32>,
 }
 
 impl Fill for Prepared {
@@ -40,6 +61,7 @@ impl Fill for Prepared {
         self.q.resize(nb * BLOCK, 0);
         self.d.resize(nb, 0.0);
         self.c.resize(nb, 0.0);
+        self.start.resize(nb, 0);
         for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
             let mut sum = 0i32;
             let q = &mut self.q[b * BLOCK..(b + 1) * BLOCK];
@@ -49,6 +71,7 @@ impl Fill for Prepared {
             });
             self.d[b] = d;
             self.c[b] = 128.0 * d * sum as f32;
+            self.start[b] = -128 * sum;
         }
     }
 }
@@ -130,10 +153,172 @@ pub unsafe fn mat_vnni(
     }
 }
 
+/// Whether a q8_0 matrix of `n` rows of `k` weights can be packed.
+pub fn fits(n: usize, k: usize) -> bool {
+    n > 0 && n.is_multiple_of(GROUP) && k > 0 && k.is_multiple_of(2 * BLOCK)
+}
+
+/// Where byte `i` of row `r`'s block `b` goes in its group's packed pair.
+#[inline]
+fn packed_offset(r: usize, b: usize, i: usize) -> usize {
+    let h = b % 2;
+    match i {
+        0..2 => 32 * h + 2 * r + i,
+        _ => {
+            let (t, e) = ((i - 2) / 4, (i - 2) % 4);
+            64 + 512 * h + 64 * t + 4 * r + e
+        }
+    }
+}
+
+/// Rearranges `q` (`n` q8_0 rows of `row_bytes`) into the packed layout, or back when
+/// `!forward`. `q` must hold exactly `n` rows, `n` a multiple of [`GROUP`], of a whole number of
+/// pairs of blocks.
+fn permute(q: &mut [u8], n: usize, row_bytes: usize, forward: bool) {
+    assert!(
+        n.is_multiple_of(GROUP)
+            && row_bytes.is_multiple_of(2 * BLOCK_BYTES)
+            && q.len() == n * row_bytes,
+        "q8_0 packing: {n} rows of {row_bytes} bytes in {} bytes",
+        q.len()
+    );
+    let nb = row_bytes / BLOCK_BYTES;
+    let mut tmp = vec![0u8; GROUP * row_bytes];
+    for region in q.chunks_exact_mut(GROUP * row_bytes) {
+        tmp.copy_from_slice(region);
+        for b in 0..nb {
+            let pair = b / 2 * PAIR_BYTES;
+            for r in 0..GROUP {
+                let raw = r * row_bytes + b * BLOCK_BYTES;
+                for i in 0..BLOCK_BYTES {
+                    // The weights' top bit flips both ways; the scale's bytes move as they are.
+                    let flip = if i < 2 { 0 } else { 0x80 };
+                    let at = pair + packed_offset(r, b, i);
+                    if forward {
+                        region[at] = tmp[raw + i] ^ flip;
+                    } else {
+                        region[raw + i] = tmp[at] ^ flip;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Packs `n` q8_0 rows of `row_bytes` in place (see the module's layout); see [`fits`].
+pub fn pack(q: &mut [u8], n: usize, row_bytes: usize) {
+    permute(q, n, row_bytes, true);
+}
+
+/// Undoes [`pack`].
+pub fn unpack(q: &mut [u8], n: usize, row_bytes: usize) {
+    permute(q, n, row_bytes, false);
+}
+
+/// A [`crate::ffi::MatKernel`] for q8_0 rows packed by [`pack`], with AVX-512 VNNI; only where
+/// [`super::q4k::available`], and only on whole groups of [`GROUP`] rows (`n` a multiple of it,
+/// `w` at a group's start: [`crate::ffi::Context::map_mat_in`] with `G` = [`GROUP`]).
+///
+/// # Safety
+/// As [`crate::ffi::MatKernel`], with `w` pointing at `n / GROUP` packed groups; `k` is a
+/// multiple of `2 · BLOCK` and `row_bytes` is `k / BLOCK · BLOCK_BYTES`; the CPU has the
+/// features of [`super::q4k::available`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn mat_packed(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    k: usize,
+    x: *const f32,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    // SAFETY: the caller's contract: n / GROUP groups of GROUP · row_bytes bytes at w, m inputs
+    // of k floats, outputs within y's rows.
+    unsafe {
+        with_inputs(&SCRATCH, x, k, m, |inputs| {
+            let (one, two) = (vnni::packed::<1>, vnni::packed::<2>);
+            drive_groups(
+                w,
+                GROUP * row_bytes,
+                n,
+                k / BLOCK,
+                inputs,
+                y,
+                y_stride,
+                one,
+                two,
+            )
+        })
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{Prepared, BLOCK, BLOCK_BYTES};
+    use super::{Prepared, BLOCK, BLOCK_BYTES, GROUP, PAIR_BYTES};
     use std::arch::x86_64::*;
+
+    /// How far ahead of the pair being read [`packed`] asks for the weights' cache lines (into
+    /// L2), in pairs of blocks: 17 KB.
+    const AHEAD_PAIRS: usize = 16;
+
+    /// The products of one packed group (16 rows of `nb` blocks at `grp`) with `M` inputs, one
+    /// vector of 16 row results per input. Per block, the steps run in two independent chains
+    /// (even and odd), so that `vpdpbusd`'s latency is not the loop's.
+    ///
+    /// # Safety
+    /// `grp` points at `nb / 2` packed pairs, each input holds `nb` blocks; the CPU has the
+    /// features of [`super::super::q4k::available`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
+    pub(super) unsafe fn packed<const M: usize>(
+        grp: *const u8,
+        nb: usize,
+        ps: [&Prepared; M],
+    ) -> [[f32; GROUP]; M] {
+        let mut acc = [_mm512_setzero_ps(); M];
+        for b in 0..nb {
+            let pair = grp.wrapping_add(b / 2 * PAIR_BYTES);
+            // SAFETY: block b of the group and of each input (the caller's contract); the
+            // prefetches are hints, never dereferenced, and may point past the matrix.
+            unsafe {
+                if b % 2 == 0 {
+                    for l in 0..PAIR_BYTES / 64 {
+                        _mm_prefetch::<_MM_HINT_T1>(
+                            pair.wrapping_add(AHEAD_PAIRS * PAIR_BYTES + 64 * l).cast(),
+                        );
+                    }
+                }
+                let h = b % 2;
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(pair.add(32 * h).cast()));
+                let q = pair.add(64 + 512 * h);
+                let mut sum = [[_mm512_setzero_si512(); 2]; M];
+                for (j, p) in ps.iter().enumerate() {
+                    sum[j][0] = _mm512_set1_epi32(*p.start.get_unchecked(b));
+                }
+                for t in 0..8 {
+                    let v = _mm512_loadu_si512(q.add(64 * t).cast());
+                    for (j, p) in ps.iter().enumerate() {
+                        let xq = p.q.as_ptr().add(b * BLOCK + 4 * t);
+                        let x = _mm512_set1_epi32(xq.cast::<i32>().read_unaligned());
+                        sum[j][t % 2] = _mm512_dpbusd_epi32(sum[j][t % 2], v, x);
+                    }
+                }
+                for (j, p) in ps.iter().enumerate() {
+                    let s = _mm512_cvtepi32_ps(_mm512_add_epi32(sum[j][0], sum[j][1]));
+                    let scale = _mm512_mul_ps(d, _mm512_set1_ps(*p.d.get_unchecked(b)));
+                    acc[j] = _mm512_fmadd_ps(s, scale, acc[j]);
+                }
+            }
+        }
+        let mut out = [[0f32; GROUP]; M];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            // SAFETY: 16 floats.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
+        }
+        out
+    }
 
     /// How far ahead of the block being read the kernel asks for the weights' cache lines (into
     /// L2). 4608 bytes into L1 streamed 15 % slower from memory and from L3 (PERFORMANCE.md,
@@ -227,5 +412,60 @@ mod tests {
             GgmlType::Q8_0,
             &[(16, 1024, 1), (33, 3072, 2), (9, 64, 3)],
         );
+    }
+
+    #[test]
+    fn packing_is_a_permutation_with_flipped_weights_that_unpack_undoes() {
+        // Every byte of a pair is written once.
+        let mut hit = vec![0u8; PAIR_BYTES];
+        for r in 0..GROUP {
+            for b in 0..2 {
+                for i in 0..BLOCK_BYTES {
+                    hit[packed_offset(r, b, i)] += 1;
+                }
+            }
+        }
+        assert!(hit.iter().all(|&h| h == 1), "{hit:?}");
+        let (n, k) = (32, 256);
+        let (q, _, _) = testing::case(GgmlType::Q8_0, n, k, 1, 3);
+        let row_bytes = q.len() / n;
+        let mut p = q.clone();
+        pack(&mut p, n, row_bytes);
+        // Row 17's block 3 (group 1, second block of pair 1): its scale and its weight 6
+        // (step 1, byte 2), flipped.
+        let (raw, pair) = (
+            17 * row_bytes + 3 * BLOCK_BYTES,
+            GROUP * row_bytes + PAIR_BYTES,
+        );
+        assert_eq!(p[pair + 32 + 2], q[raw]);
+        assert_eq!(p[pair + 64 + 512 + 64 + 4 + 2], q[raw + 2 + 6] ^ 0x80);
+        unpack(&mut p, n, row_bytes);
+        assert_eq!(p, q);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn packed_kernel_equals_the_scalar_one_and_the_dequantized_products() {
+        if !super::super::q4k::available() {
+            eprintln!("skipped: no AVX-512 VNNI on this CPU");
+            return;
+        }
+        for (seed, &(n, k, m)) in [(16, 64, 1), (64, 1024, 1), (32, 3072, 2), (48, 512, 3)]
+            .iter()
+            .enumerate()
+        {
+            let (q, deq, x) = testing::case(GgmlType::Q8_0, n, k, m, 50 + seed as u64);
+            let want = testing::run(mat_scalar, &q, n, k, &x, m);
+            let mut p = q.clone();
+            pack(&mut p, n, q.len() / n);
+            let got = testing::run(mat_packed, &p, n, k, &x, m);
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+                    "{n}x{k}, {m} inputs, output {i}: {a} vs {b}"
+                );
+            }
+            testing::check_outputs(&got, &deq, &x, (n, k, m));
+        }
     }
 }

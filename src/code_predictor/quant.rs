@@ -101,6 +101,57 @@ pub(super) unsafe fn drive<P: Dots>(
     }
 }
 
+/// Rows per packed group of the group kernels ([`super::q4k16`]'s, [`super::q8::mat_packed`]):
+/// one row per 32-bit lane of a 512-bit vector.
+pub(super) const GROUP: usize = 16;
+
+/// A group kernel: the products of the [`GROUP`] rows of the packed group at `grp` (`nb` blocks)
+/// with `M` inputs, one array of row results per input.
+pub(super) type GroupDots<P, const M: usize> =
+    unsafe fn(grp: *const u8, nb: usize, ps: [&P; M]) -> [[f32; GROUP]; M];
+
+/// Every product of the `n / GROUP` packed groups at `w` (`group_bytes` apart, `nb` blocks each)
+/// with `inputs`, output `j` of row `r` at `y[j · y_stride + r]`, by the kernels for one input and
+/// for two (`one`, `two`: two inputs at a time share each group's decoding).
+///
+/// # Safety
+/// As [`crate::ffi::MatKernel`], with `w` at `n / GROUP` whole groups and `inputs` prepared from
+/// its `m` input rows, on a CPU with the kernel's features.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn drive_groups<P>(
+    w: *const u8,
+    group_bytes: usize,
+    n: usize,
+    nb: usize,
+    inputs: &[P],
+    y: *mut f32,
+    y_stride: usize,
+    one: GroupDots<P, 1>,
+    two: GroupDots<P, 2>,
+) {
+    // SAFETY: the caller's contract; every group stays below n / GROUP, every input below m.
+    unsafe {
+        for grp in 0..n / GROUP {
+            let (gw, r0) = (w.add(grp * group_bytes), grp * GROUP);
+            let put = |j: usize, out: &[f32; GROUP]| {
+                std::ptr::copy_nonoverlapping(out.as_ptr(), y.add(j * y_stride + r0), GROUP)
+            };
+            let mut j = 0;
+            while j < inputs.len() {
+                if j + 2 <= inputs.len() {
+                    let out = two(gw, nb, [&inputs[j], &inputs[j + 1]]);
+                    put(j, &out[0]);
+                    put(j + 1, &out[1]);
+                    j += 2;
+                } else {
+                    put(j, &one(gw, nb, [&inputs[j]])[0]);
+                    j += 1;
+                }
+            }
+        }
+    }
+}
+
 /// The products of all `n` rows with the inputs `ps`, `R` rows at a time, written at `ys`.
 ///
 /// # Safety

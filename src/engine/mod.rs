@@ -306,8 +306,8 @@ pub struct EngineConfig {
     pub segment_tokens: usize,
     /// The code predictor's output heads on q8_0 rows (faster, not bit-exact).
     pub q8_heads: bool,
-    /// What computes the code predictor's q4_K and q8_0 layer products:
-    /// [`LayerKernel::fastest`] (q4_K rows packed for AVX-512 VNNI where the CPU has it, else
+    /// What computes the code predictor's q4_K, q5_K and q8_0 layer products:
+    /// [`LayerKernel::fastest`] (rows packed for AVX-512 VNNI where the CPU has it, else
     /// ggml's). Files of f32 or f16 layers are not affected.
     pub cp_kernel: LayerKernel,
     /// What runs the talker's layers: [`TalkerRuntime::fastest`] (the crate's own graph with the

@@ -5,8 +5,8 @@
 //!
 //! Contract:
 //! - [`Layers::load`] copies the layer matrices, the final norm and the codec rows of the head
-//!   (the last 3072 rows of `output.weight`) out of the mapped file (packing q4_K matrices for
-//!   [`LayerKernel::Packed`]) and releases their pages.
+//!   (the last 3072 rows of `output.weight`) out of the mapped file (packing q4_K, q5_K and q8_0
+//!   matrices for [`LayerKernel::Packed`]) and releases their pages.
 //! - A [`State`] is one session's KV cache (keys by position, values transposed; f32 for the exact
 //!   path, else f16) and its step graph. [`State::run`] computes rows at positions `p0..`, leaving
 //!   the last row's final-normed hidden state and codec logits in [`State::hidden`] and
@@ -55,7 +55,7 @@ pub struct Layers {
 
 impl Layers {
     /// Copies the talker's layers, final norm and codec head out of `f` (a validated talker
-    /// file), packing q4_K matrices when `kernel` is [`LayerKernel::Packed`].
+    /// file), packing q4_K, q5_K and q8_0 matrices when `kernel` is [`LayerKernel::Packed`].
     pub fn load(f: &GgufFile, kernel: LayerKernel) -> Result<Self, ModelError> {
         let h = &f.header;
         let a = "qwen3tts";
