@@ -150,11 +150,11 @@ pub(crate) fn layer<'a>(
     let o = c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, rows, 1])?;
     let x = c.add(x, layer_product(c, w(names.attn_out)?, o, kernel)?)?;
     let h = c.mul(c.rms_norm(x, d.eps)?, w(names.ffn_norm)?)?;
-    let gate = c.silu(layer_product(c, w("ffn_gate.weight")?, h, kernel)?)?;
+    let gate = layer_product(c, w("ffn_gate.weight")?, h, kernel)?;
     let up = layer_product(c, w("ffn_up.weight")?, h, kernel)?;
     c.add(
         x,
-        layer_product(c, w("ffn_down.weight")?, c.mul(gate, up)?, kernel)?,
+        layer_product(c, w("ffn_down.weight")?, c.swiglu(gate, up)?, kernel)?,
     )
 }
 

@@ -18,6 +18,9 @@ fn elementwise_and_row_ops_match_a_reference() {
     let ctx = Context::new(1 << 20).unwrap();
     let t = ctx.new_f32(&[n, rows]).unwrap();
     t.write_f32(&x).unwrap();
+    let u = ctx.new_f32(&[n, rows]).unwrap();
+    u.write_f32(&x.iter().rev().copied().collect::<Vec<_>>())
+        .unwrap();
     type Reference = Box<dyn Fn(&[f32], usize) -> f32>;
     let cases: Vec<(qtts::ffi::Tensor<'_>, Reference)> = vec![
         (ctx.sin(t).unwrap(), Box::new(|x, i| x[i].sin())),
@@ -27,6 +30,14 @@ fn elementwise_and_row_ops_match_a_reference() {
             Box::new(|x, i| {
                 let v = x[i] as f64;
                 (0.5 * v * (1.0 + libm_erf(v / 2f64.sqrt()))) as f32
+            }),
+        ),
+        (
+            // silu(x) ⊙ y with y the same values reversed.
+            ctx.swiglu(t, u).unwrap(),
+            Box::new(move |x, i| {
+                let (v, g) = (x[i] as f64, x[x.len() - 1 - i] as f64);
+                (v / (1.0 + (-v).exp()) * g) as f32
             }),
         ),
         (
@@ -386,6 +397,8 @@ fn misuse_is_an_error_not_an_abort() {
     assert!(ctx.im2col_1d(k, x, 1).is_ok());
     let b = ctx.new_f32(&[3]).unwrap();
     assert_eq!(what(ctx.add_inplace(a, b)), "add_inplace");
+    assert_eq!(what(ctx.swiglu(a, x)), "swiglu");
+    assert_eq!(what(ctx.swiglu(a, strided)), "swiglu");
 }
 
 /// `set_rows` writes each source row at the row its index names when the graph runs (f32, and

@@ -29,6 +29,25 @@ impl Context {
         Ok(())
     }
 
+    /// `silu(gate) ⊙ up`, elementwise, in one op (ggml's `swiglu_split`, as llama.cpp's Qwen3
+    /// feed-forward): one graph node, so one barrier between the threads, where `silu` then `mul`
+    /// take two.
+    pub fn swiglu<'a>(&'a self, gate: Tensor<'a>, up: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        Self::dense_f32("swiglu", gate)?;
+        Self::dense_f32("swiglu", up)?;
+        if gate.ne() != up.ne() {
+            return Err(GgmlError::Shape {
+                what: "swiglu",
+                expected: format!("up of the gate's shape {:?}", gate.ne()),
+                found: format!("{:?}", up.ne()),
+            });
+        }
+        // SAFETY: both tensors are live, contiguous f32 of the same shape (checked above).
+        self.op(gate.n_elems(), |c| unsafe {
+            sys::ggml_swiglu_split(c, gate.ptr.as_ptr(), up.ptr.as_ptr())
+        })
+    }
+
     /// `sin(x)`, elementwise (`sinf`).
     pub fn sin<'a>(&'a self, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
         Self::dense_f32("sin", x)?;
