@@ -300,7 +300,7 @@ mod vnni {
 
     /// How far ahead of the block being read the kernel asks for the weights' cache lines (into
     /// L2), in blocks: 18 KB of q4_K, 22 KB of q5_K. Into L1 and 4 blocks ahead, the kernel
-    /// streamed 17 % slower from memory (PERFORMANCE.md, "Prefetching into L2").
+    /// streamed 13 % slower from memory (PERFORMANCE.md, "Prefetching into L2").
     const AHEAD: usize = 8;
 
     /// Scale or min `s` (0..8) of the 16 rows, from the unpacked low (`s < 4`) and high words

@@ -321,7 +321,7 @@ mod vnni {
     }
 
     /// How far ahead of the block being read the kernel asks for the weights' cache lines (into
-    /// L2). 4608 bytes into L1 streamed 15 % slower from memory and from L3 (PERFORMANCE.md,
+    /// L2). 4608 bytes into L1 streamed 13 % slower from memory (PERFORMANCE.md,
     /// "Prefetching into L2").
     const AHEAD: usize = 9216;
 
