@@ -143,6 +143,8 @@ fn main() {
     };
     let cp_logits = |ty: OutType| -> Vec<f32> {
         let mut cp = CodePredictor::load(&GgufFile::open(path("mmproj", ty)).unwrap()).unwrap();
+        // As the engine runs it (`EngineConfig::cp_kernel`): q8_0 heads packed where the CPU can.
+        cp.pack_heads();
         let mut out = Vec::new();
         for (f, c) in codes.iter().enumerate() {
             cp.frame(

@@ -207,19 +207,74 @@ fn profile_accounts_for_every_frame() {
     assert_eq!(cp.profile().unwrap().frames, 0, "taken");
 }
 
+/// Values in [-1, 1) from a xorshift generator seeded with `state`.
+fn uniform(mut state: u64) -> impl FnMut() -> f32 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
+    }
+}
+
+/// Packed q8_0 heads (`Heads::to_packed`, the engine's default under `LayerKernel::Packed`): each
+/// logit within what rounding the input to int8 can move it from the fixed-order q8_0 heads' (the
+/// same weights), and the same greedy code in nearly every case; f32 heads are never packed.
+#[test]
+fn packed_q8_heads_stay_within_the_input_rounding() {
+    use qtts::code_predictor::heads::{Heads, Kernel};
+    if !qtts::code_predictor::q4k::available() {
+        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+        return;
+    }
+    let mut rnd = uniform(0x2545_f491_4f6c_dd1d);
+    let (codes, width) = (64, 1024);
+    let w: Vec<f32> = (0..15 * codes * width).map(|_| rnd()).collect();
+    let f32_heads = Heads::new(w, codes, width, Kernel::Scalar);
+    assert!(f32_heads.to_packed().is_none(), "f32 heads stay exact");
+    let q8 = f32_heads.to_q8().unwrap();
+    let packed = q8.to_packed().unwrap();
+    assert!(packed.is_packed() && packed.is_q8() && !q8.is_packed());
+    let (mut want, mut got) = (vec![0f32; codes], vec![0f32; codes]);
+    let (mut same, mut cases) = (0, 0);
+    for _ in 0..20 {
+        let h: Vec<f32> = (0..width).map(|_| rnd()).collect();
+        let amax = h.iter().fold(0f32, |a, v| a.max(v.abs()));
+        for g in [0, 7, 14] {
+            q8.logits(g, &h, &mut want);
+            packed.logits(g, &h, &mut got);
+            for (r, (a, b)) in want.iter().zip(&got).enumerate() {
+                // Each input moves by at most half a step (max|h| / 254 per block of 32, at most
+                // the row's max), times the row's weights (|w| ≤ 1): 1024 / 254 · amax at worst;
+                // the sum of such errors is far smaller, but a bound must hold for any input.
+                let bound = width as f32 * amax / 254.0;
+                assert!((a - b).abs() <= bound, "head {g} row {r}: {a} vs {b}");
+            }
+            let rms = |v: &[f32]| (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt();
+            let diff: Vec<f32> = want.iter().zip(&got).map(|(a, b)| a - b).collect();
+            assert!(
+                rms(&diff) < 0.02 * rms(&want),
+                "head {g}: rms {} of {}",
+                rms(&diff),
+                rms(&want)
+            );
+            same += (qtts::sampling::argmax(&want) == qtts::sampling::argmax(&got)) as usize;
+            cases += 1;
+        }
+    }
+    assert!(
+        same * 10 >= cases * 9,
+        "greedy codes agree in {same} of {cases}"
+    );
+}
+
 /// q8_0 heads: every kernel gives the scalar kernel's bits, and the logits stay close to the f32
 /// ones (quantization error only) with the same greedy codes on the fixtures.
 #[test]
 fn q8_heads_are_bit_identical_across_kernels_and_close_to_f32() {
     use qtts::code_predictor::heads::{Heads, Kernel};
     let kernels = Kernel::available();
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rnd = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
-    };
+    let mut rnd = uniform(0x9e37_79b9_7f4a_7c15);
     let (codes, width) = (64, 1024);
     let w: Vec<f32> = (0..15 * codes * width).map(|_| rnd()).collect();
     let f32_heads = Heads::new(w, codes, width, Kernel::Scalar);

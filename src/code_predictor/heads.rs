@@ -264,6 +264,10 @@ pub enum HeadWeights {
     F32(Vec<f32>),
     /// q8_0 rows: a quarter of the memory traffic, logits within quantization error.
     Q8(Vec<BlockQ8>),
+    /// q8_0 rows packed for [`super::q8::mat_packed`] (AVX-512 VNNI, the input quantized to
+    /// int8 as the layers' is): several times faster, outside this module's fixed order, so the
+    /// logits are not the same on every CPU (see [`Heads::to_packed`]).
+    Q8Packed(Vec<u8>),
 }
 
 /// The 15 heads on the host.
@@ -327,6 +331,39 @@ impl Heads {
         ))
     }
 
+    /// These q8_0 heads packed for [`super::q8::mat_packed`], when the CPU has its features
+    /// ([`super::q4k::available`]) and the shape packs ([`super::q8::fits`]); `None` otherwise,
+    /// and for f32 heads (which stay exact).
+    pub fn to_packed(&self) -> Option<Heads> {
+        let HeadWeights::Q8(blocks) = &self.weights else {
+            return None;
+        };
+        if !super::q4k::available() || !super::q8::fits(self.n_codes, self.width) {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(blocks.len() * 34);
+        for b in blocks {
+            bytes.extend(half::f16::from_f32(b.d).to_le_bytes());
+            bytes.extend(b.q.iter().map(|&q| q as u8));
+        }
+        let row_bytes = self.width / 32 * 34;
+        super::q8::pack(&mut bytes, blocks.len() * 34 / row_bytes, row_bytes);
+        Some(Heads {
+            weights: HeadWeights::Q8Packed(bytes),
+            ..self.clone_shape()
+        })
+    }
+
+    /// These heads' shape and kernel, with no weights.
+    fn clone_shape(&self) -> Heads {
+        Heads {
+            weights: HeadWeights::F32(Vec::new()),
+            n_codes: self.n_codes,
+            width: self.width,
+            kernel: self.kernel,
+        }
+    }
+
     /// The kernel in use.
     pub fn kernel(&self) -> Kernel {
         self.kernel
@@ -337,17 +374,46 @@ impl Heads {
         self.kernel = kernel;
     }
 
-    /// Whether the weights are q8_0.
+    /// Whether the weights are q8_0 (packed or not).
     pub fn is_q8(&self) -> bool {
-        matches!(self.weights, HeadWeights::Q8(_))
+        matches!(self.weights, HeadWeights::Q8(_) | HeadWeights::Q8Packed(_))
+    }
+
+    /// Whether the weights are packed for [`super::q8::mat_packed`].
+    pub fn is_packed(&self) -> bool {
+        matches!(self.weights, HeadWeights::Q8Packed(_))
     }
 
     /// Logits of head `group` for hidden state `h` (length `width`) into `out` (length `n_codes`).
     ///
     /// # Real-time safety
-    /// No allocation, no lock, no system call; time linear in `n_codes · width`.
+    /// No lock, no system call; time linear in `n_codes · width`. No allocation, but for packed
+    /// heads on a thread's first call (the kernel's scratch for the quantized input).
     pub fn logits(&self, group: usize, h: &[f32], out: &mut [f32]) {
         match &self.weights {
+            #[cfg(target_arch = "x86_64")]
+            HeadWeights::Q8Packed(bytes) => {
+                let row_bytes = self.width / 32 * 34;
+                let head = &bytes[group * self.n_codes * row_bytes..][..self.n_codes * row_bytes];
+                assert!(h.len() == self.width && out.len() >= self.n_codes);
+                // SAFETY: `head` is n_codes packed rows of width weights (whole groups, see
+                // `to_packed`, which also checked the CPU's features), one input of width
+                // floats, n_codes outputs.
+                unsafe {
+                    super::q8::mat_packed(
+                        head.as_ptr(),
+                        row_bytes,
+                        self.n_codes,
+                        self.width,
+                        h.as_ptr(),
+                        1,
+                        out.as_mut_ptr(),
+                        self.n_codes,
+                    )
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            HeadWeights::Q8Packed(_) => unreachable!("packed heads need x86-64 (to_packed)"),
             HeadWeights::F32(w) => {
                 let base = group * self.n_codes * self.width;
                 let rows = w[base..base + self.n_codes * self.width].chunks_exact(self.width);

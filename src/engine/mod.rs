@@ -308,7 +308,9 @@ pub struct EngineConfig {
     pub q8_heads: bool,
     /// What computes the code predictor's q4_K, q5_K and q8_0 layer products:
     /// [`LayerKernel::fastest`] (rows packed for AVX-512 VNNI where the CPU has it, else
-    /// ggml's). Files of f32 or f16 layers are not affected.
+    /// ggml's). Files of f32 or f16 layers are not affected. Under [`LayerKernel::Packed`] the
+    /// q8_0 sample heads of quantized files are packed too
+    /// ([`crate::code_predictor::CodePredictor::pack_heads`]).
     pub cp_kernel: LayerKernel,
     /// What runs the talker's layers: [`TalkerRuntime::fastest`] (the crate's own graph with the
     /// packed q4_K kernel where the CPU has AVX-512 VNNI, else llama.cpp).
@@ -1144,6 +1146,9 @@ fn cp_thread(
             cp.use_q8_heads()?;
         }
         cp.set_layer_kernel(cfg.cp_kernel)?;
+        if cfg.cp_kernel == LayerKernel::Packed {
+            cp.pack_heads();
+        }
         Ok((pool, burst, cp))
     })();
     let Some((pool, burst, mut cp)) = announce(ready, setup) else {

@@ -8,7 +8,7 @@ use super::{
     decode_and_write, plan_request, EngineConfig, EngineError, ModelFiles, Request, Summary,
 };
 use crate::audio::{AudioSink, FRAME_SAMPLES};
-use crate::code_predictor::CodePredictor;
+use crate::code_predictor::{CodePredictor, LayerKernel};
 use crate::ffi::Threadpool;
 use crate::gguf::GgufFile;
 use crate::metrics::Metrics;
@@ -39,6 +39,9 @@ impl Serial {
             cp.use_q8_heads()?;
         }
         cp.set_layer_kernel(config.cp_kernel)?;
+        if config.cp_kernel == LayerKernel::Packed {
+            cp.pack_heads();
+        }
         let mut voc = config.decoder.load(&mmproj, config.exact)?;
         voc.set_max_chunk(config.decoder_chunk.max(1));
         Ok(Serial {
