@@ -341,13 +341,15 @@ impl Heads {
         if !super::q4k::available() || !super::q8::fits(self.n_codes, self.width) {
             return None;
         }
-        let mut bytes = Vec::with_capacity(blocks.len() * 34);
+        use super::q8::{BLOCK, BLOCK_BYTES};
+        let mut bytes = Vec::with_capacity(blocks.len() * BLOCK_BYTES);
         for b in blocks {
             bytes.extend(half::f16::from_f32(b.d).to_le_bytes());
             bytes.extend(b.q.iter().map(|&q| q as u8));
         }
-        let row_bytes = self.width / 32 * 34;
-        super::q8::pack(&mut bytes, blocks.len() * 34 / row_bytes, row_bytes);
+        let row_bytes = self.width / BLOCK * BLOCK_BYTES;
+        let rows = bytes.len() / row_bytes;
+        super::q8::pack(&mut bytes, rows, row_bytes);
         Some(Heads {
             weights: HeadWeights::Q8Packed(bytes),
             ..self.clone_shape()
@@ -393,7 +395,7 @@ impl Heads {
         match &self.weights {
             #[cfg(target_arch = "x86_64")]
             HeadWeights::Q8Packed(bytes) => {
-                let row_bytes = self.width / 32 * 34;
+                let row_bytes = self.width / super::q8::BLOCK * super::q8::BLOCK_BYTES;
                 let head = &bytes[group * self.n_codes * row_bytes..][..self.n_codes * row_bytes];
                 assert!(h.len() == self.width && out.len() >= self.n_codes);
                 // SAFETY: `head` is n_codes packed rows of width weights (whole groups, see

@@ -180,6 +180,12 @@ fn packs(kernel: LayerKernel, ty: GgmlType, ne: &[usize]) -> bool {
 /// The types [`packs`] may pack.
 const PACKED_TYPES: [GgmlType; 3] = [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q8_0];
 
+/// The type of weight `w` when [`packs`] packs it under `kernel`.
+fn packed_type(kernel: LayerKernel, w: Tensor<'_>) -> Option<GgmlType> {
+    let ty = PACKED_TYPES.into_iter().find(|&t| w.is_type(t))?;
+    packs(kernel, ty, &w.ne()).then_some(ty)
+}
+
 /// Packs (`forward`) or unpacks the `n` rows of a q4_K, q5_K or q8_0 weight, in place.
 fn repack(ty: GgmlType, bytes: &mut [u8], n: usize, forward: bool) {
     let row_bytes = bytes.len() / n;
@@ -350,21 +356,16 @@ impl CodePredictor {
         // The graphs hold pointers into the weights, not their bytes: rearranging the bytes in
         // place needs no rebuild by itself, but the graphs pick the kernel.
         for name in product_names(self.geometry.n_layer) {
-            let Some((w, ty)) = self.weights.get(&name).and_then(|w| {
-                PACKED_TYPES
-                    .into_iter()
-                    .find(|&t| w.is_type(t))
-                    .map(|t| (w, t))
-            }) else {
+            let Some(w) = self.weights.get(&name) else {
                 continue;
             };
-            let ne = w.ne();
-            let (was, will) = (packs(self.kernel, ty, &ne), packs(kernel, ty, &ne));
-            if was == will {
+            let (was, will) = (packed_type(self.kernel, w), packed_type(kernel, w));
+            // Packed under one of the two kernels only: rearrange.
+            let Some(ty) = was.xor(will) else {
                 continue;
-            }
+            };
             let mut bytes = w.read_bytes().map_err(ModelError::from)?;
-            repack(ty, &mut bytes, ne[1], will);
+            repack(ty, &mut bytes, w.ne()[1], will.is_some());
             w.write_bytes(&bytes).map_err(ModelError::from)?;
         }
         self.steps = build_steps(&self.weights, &self.geometry, kernel)?;
@@ -783,16 +784,16 @@ pub(crate) fn layer_product<'a>(
 ) -> Result<Tensor<'a>, GgmlError> {
     #[cfg(target_arch = "x86_64")]
     if kernel != LayerKernel::Ggml {
+        if let Some(ty) = packed_type(kernel, w) {
+            let f: crate::ffi::MatKernel = match ty {
+                GgmlType::Q4K => q4k16::mat_vnni,
+                GgmlType::Q5K => q4k16::mat_vnni5,
+                GgmlType::Q8_0 => q8::mat_packed,
+                _ => unreachable!("{ty:?} is never packed (see `packs`)"),
+            };
+            return c.map_mat_in::<{ quant::GROUP }>(w, x, f);
+        }
         let ne = w.ne();
-        if w.is_type(GgmlType::Q4K) && packs(kernel, GgmlType::Q4K, &ne) {
-            return c.map_mat_in::<{ q4k16::GROUP }>(w, x, q4k16::mat_vnni);
-        }
-        if w.is_type(GgmlType::Q5K) && packs(kernel, GgmlType::Q5K, &ne) {
-            return c.map_mat_in::<{ q4k16::GROUP }>(w, x, q4k16::mat_vnni5);
-        }
-        if w.is_type(GgmlType::Q8_0) && packs(kernel, GgmlType::Q8_0, &ne) {
-            return c.map_mat_in::<{ q8::GROUP }>(w, x, q8::mat_packed);
-        }
         if w.is_type(GgmlType::Q4K) && ne[0].is_multiple_of(q4k::BLOCK) {
             return c.map_mat(w, x, q4k::mat_vnni);
         }
