@@ -195,13 +195,14 @@ fn main() {
     // The decoder with bf16 and q8_0 matrices against f32, on the reference codes, before the
     // clamp (the random decoder saturates).
     let f = GgufFile::open(path("mmproj", OutType::F32)).unwrap();
-    let decode = |w: DecoderWeights| {
-        let mut voc = w.load(&f, false).unwrap();
+    let decode_file = |f: &GgufFile, w: DecoderWeights| {
+        let mut voc = w.load(f, false).unwrap();
         voc.set_capture(true);
         let mut out = vec![0f32; codes.len() * 1920];
         voc.decode_frames(&pool, &codes, &mut out).unwrap();
         voc.take_capture().remove("decoder.6").unwrap_or_default()
     };
+    let decode = |w: DecoderWeights| decode_file(&f, w);
     let exact = decode(DecoderWeights::F32);
     for w in [DecoderWeights::Bf16, DecoderWeights::Q8_0] {
         if w == DecoderWeights::Bf16 && !qtts::ffi::amx::available() {
@@ -214,6 +215,17 @@ fn main() {
             w.name(),
             qtts::metrics::snr_db(&exact, &b),
             exact.len()
+        );
+    }
+    // Each file's decoder as the engine loads it by default: the matrices in the file's types.
+    let default = DecoderWeights::fastest();
+    for ty in [OutType::Q8_0, OutType::Q6K, OutType::Q5K, OutType::Q4K] {
+        let f = GgufFile::open(path("mmproj", ty)).unwrap();
+        println!(
+            "decoder of mmproj-{}.gguf, {} (the default): SNR {:.1} dB against f32",
+            ty.name(),
+            default.name(),
+            qtts::metrics::snr_db(&exact, &decode_file(&f, default))
         );
     }
 }

@@ -275,12 +275,31 @@ fn storage_types_follow_the_roles() {
     assert_eq!(ty("a.gen.wav.pre_conv.weight"), GgmlType::F16);
     assert_eq!(ty("a.gen.wav.up.blk.0.conv.weight"), GgmlType::F32);
     assert_eq!(ty("a.gen.wav.dac.blk.0.snake.alpha"), GgmlType::F32);
+    // The decoder's matrices are f16 whatever the type asked for.
+    for n in [
+        "a.gen.wav.quant.first.out_proj.weight",
+        "a.gen.wav.tfm.in_proj.weight",
+        "a.gen.wav.tfm.blk.0.attn_q.weight",
+        "a.gen.wav.tfm.blk.0.ffn_down.weight",
+        "a.gen.wav.up.blk.1.pw2.weight",
+    ] {
+        assert_eq!(ty(n), GgmlType::F16, "{n}");
+    }
     // q4_K needs rows of 256: the tiny model's rows of 64 fall back to q8_0.
     let (_tmp, out) = common::convert_tiny("tiny", OutType::Q4K);
     let f = GgufFile::open(&out.talker).unwrap();
     assert_eq!(
         f.header.tensor("blk.0.attn_q.weight").unwrap().ty,
         GgmlType::Q8_0
+    );
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let f = GgufFile::open(&out.mmproj).unwrap();
+    assert_eq!(
+        f.header
+            .tensor("a.gen.wav.tfm.blk.0.attn_q.weight")
+            .unwrap()
+            .ty,
+        GgmlType::F32
     );
 }
 
