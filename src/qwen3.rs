@@ -79,7 +79,8 @@ pub(crate) enum Kv<'a> {
 
 /// Appends one layer to a graph: `x` is the residual stream (`[n_embd, rows]`), `pos` the rows'
 /// positions (i32), `mask` the causal mask when `rows > 1` (`[n_kv, rows]`), `w(name)` the layer's
-/// tensor of that name. Returns the new residual stream; cache writes are pushed to `writes`.
+/// tensor of that name (the joined `attn_qkv.weight` and `ffn_gate_up.weight` of
+/// `code_predictor::JOINED` where they exist, else their parts). Returns the new residual stream; cache writes are pushed to `writes`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn layer<'a>(
     c: &'a Context,
@@ -96,19 +97,41 @@ pub(crate) fn layer<'a>(
     let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
     let rows = x.ne()[1];
     let h = c.mul(c.rms_norm(x, d.eps)?, w(names.attn_norm)?)?;
-    let q = c.reshape(
-        layer_product(c, w("attn_q.weight")?, h, kernel)?,
-        [hd, nh, rows],
-    )?;
+    let (q, k, v) = match w("attn_qkv.weight") {
+        // One product of the joined matrix (`code_predictor::JOINED`), each row `[q, k, v]`.
+        Ok(qkv) => {
+            let y = layer_product(c, qkv, h, kernel)?;
+            let (f, row) = (4, 4 * y.ne()[0]);
+            let nb = [f, f * hd, row];
+            let v = c.view(
+                y,
+                [hd * nkv, rows, 1],
+                [f, row, row * rows],
+                f * hd * (nh + nkv),
+            )?;
+            (
+                c.view(y, [hd, nh, rows], nb, 0)?,
+                c.view(y, [hd, nkv, rows], nb, f * hd * nh)?,
+                // One row's values are contiguous; several rows' are not.
+                if rows > 1 { c.cont(v)? } else { v },
+            )
+        }
+        Err(_) => (
+            c.reshape(
+                layer_product(c, w("attn_q.weight")?, h, kernel)?,
+                [hd, nh, rows],
+            )?,
+            c.reshape(
+                layer_product(c, w("attn_k.weight")?, h, kernel)?,
+                [hd, nkv, rows],
+            )?,
+            layer_product(c, w("attn_v.weight")?, h, kernel)?,
+        ),
+    };
     let q = c.mul(c.rms_norm(q, d.eps)?, w("attn_q_norm.weight")?)?;
     let q = c.rope_neox(q, pos, hd, d.theta)?;
-    let k = c.reshape(
-        layer_product(c, w("attn_k.weight")?, h, kernel)?,
-        [hd, nkv, rows],
-    )?;
     let k = c.mul(c.rms_norm(k, d.eps)?, w("attn_k_norm.weight")?)?;
     let k = c.rope_neox(k, pos, hd, d.theta)?;
-    let v = layer_product(c, w("attn_v.weight")?, h, kernel)?;
     // Keys as [hd, n_kv, nkv] and values as [n_kv, hd, nkv] (positions first, for the sum).
     let (keys, vals) = match kv {
         Kv::Inline => (
@@ -150,12 +173,14 @@ pub(crate) fn layer<'a>(
     let o = c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, rows, 1])?;
     let x = c.add(x, layer_product(c, w(names.attn_out)?, o, kernel)?)?;
     let h = c.mul(c.rms_norm(x, d.eps)?, w(names.ffn_norm)?)?;
-    let gate = layer_product(c, w("ffn_gate.weight")?, h, kernel)?;
-    let up = layer_product(c, w("ffn_up.weight")?, h, kernel)?;
-    c.add(
-        x,
-        layer_product(c, w("ffn_down.weight")?, c.swiglu(gate, up)?, kernel)?,
-    )
+    let act = match w("ffn_gate_up.weight") {
+        Ok(gate_up) => c.swiglu_halves(layer_product(c, gate_up, h, kernel)?)?,
+        Err(_) => c.swiglu(
+            layer_product(c, w("ffn_gate.weight")?, h, kernel)?,
+            layer_product(c, w("ffn_up.weight")?, h, kernel)?,
+        )?,
+    };
+    c.add(x, layer_product(c, w("ffn_down.weight")?, act, kernel)?)
 }
 
 /// Keys as `[hd, n_kv, nkv]` and values as `[n_kv, hd, nkv]` of positions `0..n_kv` of a cache

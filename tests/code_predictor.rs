@@ -513,3 +513,63 @@ fn packed_q8_0_layers_give_the_frame_of_the_file_s_rows() {
     let e = max_abs_until_parted(&packed, &ggml);
     assert!(e <= 0.05 * scale, "packed vs ggml: {e} of {scale}");
 }
+
+/// The layers' q/k/v and gate/up matrices joined into one product each (the default, see
+/// `code_predictor::JOINED`) give the frame of the matrices multiplied one by one, to the bit, under
+/// every kernel: each output row is the same dot product of the same quantized input, and the
+/// attention and feed-forward read the same values from views of one output.
+#[test]
+fn joined_products_give_the_frame_of_separate_ones() {
+    use qtts::code_predictor::LayerKernel;
+    let mut cfg =
+        qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
+    let cp = &mut cfg.tts.talker_config.code_predictor_config;
+    (cp.hidden_size, cp.intermediate_size, cp.head_dim) = (256, 512, 64);
+    let n_layer = cp.num_hidden_layers as usize;
+    let pool = Threadpool::new(2, &[]).unwrap();
+    let hidden: Vec<f32> = (0..64)
+        .map(|i| ((i * 29 % 64) as f32 / 32.0) - 1.0)
+        .collect();
+    let mut kernels = vec![LayerKernel::Ggml];
+    if qtts::code_predictor::q4k::available() {
+        kernels.extend([LayerKernel::Vnni, LayerKernel::Packed]);
+    }
+    for ty in [OutType::Q8_0, OutType::Q4K, OutType::F32] {
+        let (_tmp, out) = common::random_converted(&cfg, 11, ty);
+        let f = GgufFile::open(&out.mmproj).unwrap();
+        let mut joined = CodePredictor::load(&f).unwrap();
+        let mut separate = CodePredictor::load_joining(&f, false).unwrap();
+        // f32 matrices are never joined: the exact path stays ggml's products one by one.
+        let expected = if ty == OutType::F32 { 0 } else { 2 * n_layer };
+        assert_eq!(joined.joined(), expected, "{ty:?}");
+        assert_eq!(separate.joined(), 0, "{ty:?}");
+        for &kernel in &kernels {
+            let run = |cp: &mut CodePredictor| {
+                cp.set_layer_kernel(kernel).unwrap();
+                let mut logits = Vec::new();
+                let codes = cp
+                    .frame(
+                        &pool,
+                        &hidden,
+                        3,
+                        &mut |_, l| {
+                            logits.extend_from_slice(l);
+                            argmax(l)
+                        },
+                        None,
+                    )
+                    .unwrap();
+                (codes, logits)
+            };
+            let (a, b) = (run(&mut joined), run(&mut separate));
+            assert_eq!(a.0, b.0, "{ty:?} {kernel:?}: codes");
+            assert!(
+                a.1.iter()
+                    .zip(&b.1)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{ty:?} {kernel:?}: logits differ by up to {}",
+                max_abs(&a.1, &b.1)
+            );
+        }
+    }
+}

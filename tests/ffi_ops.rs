@@ -399,6 +399,52 @@ fn misuse_is_an_error_not_an_abort() {
     assert_eq!(what(ctx.add_inplace(a, b)), "add_inplace");
     assert_eq!(what(ctx.swiglu(a, x)), "swiglu");
     assert_eq!(what(ctx.swiglu(a, strided)), "swiglu");
+    assert_eq!(what(ctx.swiglu_halves(strided)), "swiglu_halves");
+    assert_eq!(what(ctx.swiglu_halves(b)), "swiglu_halves");
+}
+
+/// `swiglu_halves` is `silu(a) · b` for each row `[a, b]`: the same floats as `swiglu` of the
+/// two halves as separate tensors.
+#[test]
+fn swiglu_halves_is_swiglu_of_each_row_s_halves() {
+    let pool = Threadpool::new(2, &[]).unwrap();
+    let (n, rows) = (10, 3);
+    let x = values(2 * n * rows, 3);
+    let ctx = Context::new(1 << 20).unwrap();
+    let t = ctx.new_f32(&[2 * n, rows]).unwrap();
+    t.write_f32(&x).unwrap();
+    let half = |h: usize| {
+        let v: Vec<f32> = x
+            .chunks(2 * n)
+            .flat_map(|r| r[h * n..(h + 1) * n].to_vec())
+            .collect();
+        let u = ctx.new_f32(&[n, rows]).unwrap();
+        u.write_f32(&v).unwrap();
+        u
+    };
+    let (gate, up) = (half(0), half(1));
+    let joined = ctx.swiglu_halves(t).unwrap();
+    assert_eq!(joined.ne()[..2], [n, rows]);
+    let split = ctx.swiglu(gate, up).unwrap();
+    ctx.graph_of(&[joined, split])
+        .unwrap()
+        .compute(&pool)
+        .unwrap();
+    let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+    joined.read_f32(&mut a).unwrap();
+    split.read_f32(&mut b).unwrap();
+    assert_eq!(a, b);
+    for (i, &y) in a.iter().enumerate() {
+        let (g, u) = (
+            x[(i / n) * 2 * n + i % n] as f64,
+            x[(i / n) * 2 * n + n + i % n] as f64,
+        );
+        let want = g / (1.0 + (-g).exp()) * u;
+        assert!(
+            (y as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "{i}: {y} vs {want}"
+        );
+    }
 }
 
 /// `set_rows` writes each source row at the row its index names when the graph runs (f32, and

@@ -159,3 +159,49 @@ fn generate_teacher_forced_matches_the_oracle() {
         }
     }
 }
+
+/// The talker's own graph with its q/k/v and gate/up matrices joined (the default, see
+/// `code_predictor::JOINED`) gives the logits of the matrices multiplied one by one, to the bit,
+/// in a prefill of several rows and in single-row steps, under every kernel.
+#[test]
+fn joined_products_give_the_logits_of_separate_ones() {
+    use qtts::code_predictor::LayerKernel;
+    use qtts::gguf::GgufFile;
+    use qtts::talker::graph::{Layers, State};
+    let mut cfg =
+        qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
+    let t = &mut cfg.tts.talker_config;
+    (t.hidden_size, t.intermediate_size, t.head_dim) = (256, 512, 64);
+    t.rope_scaling.mrope_section = vec![12, 10, 10];
+    let (n_layer, h) = (t.num_hidden_layers as usize, t.hidden_size as usize);
+    let (_tmp, out) = common::random_converted(&cfg, 13, OutType::Q8_0);
+    let f = GgufFile::open(&out.talker).unwrap();
+    let pool = qtts::ffi::Threadpool::new(2, &[]).unwrap();
+    let rows: Vec<f32> = (0..6 * h)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    let mut kernels = vec![LayerKernel::Ggml];
+    if qtts::code_predictor::q4k::available() {
+        kernels.extend([LayerKernel::Vnni, LayerKernel::Packed]);
+    }
+    for kernel in kernels {
+        let run = |join: bool| {
+            let layers = Layers::load_joining(&f, kernel, join).unwrap();
+            assert_eq!(layers.joined(), if join { 2 * n_layer } else { 0 });
+            let mut state = State::new(&layers, 64, false).unwrap();
+            state.run(&rows[..3 * h], 0, &pool).unwrap();
+            let mut logits = state.logits().to_vec();
+            for p in 3..6 {
+                state.run(&rows[p * h..(p + 1) * h], p, &pool).unwrap();
+                logits.extend_from_slice(state.logits());
+            }
+            logits
+        };
+        let (a, b) = (run(true), run(false));
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{kernel:?}: logits differ by up to {}",
+            max_abs(&a, &b)
+        );
+    }
+}

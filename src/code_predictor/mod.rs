@@ -26,7 +26,7 @@ use heads::{Heads, Kernel};
 
 use crate::error::ModelError;
 use crate::ffi::{Context, GgmlError, OwnedGraph, Tensor, Threadpool};
-use crate::gguf::{GgmlType, GgufFile, Value};
+use crate::gguf::{GgmlType, GgufFile, TensorInfo, Value};
 use crate::qwen3;
 
 /// Positions per frame: the talker's hidden state, codebook 0, then codebooks 1..14 (15 is never
@@ -154,12 +154,21 @@ impl LayerKernel {
     }
 }
 
-/// The names of the weights [`layer_product`] multiplies by, for `n_layer` layers.
+/// The names of the weights [`layer_product`] may multiply by, for `n_layer` layers (the
+/// [`JOINED`] matrices and their parts: a context holds one or the other).
 fn product_names(n_layer: usize) -> Vec<String> {
     let mut names = vec!["a.gen.code.proj_in.weight".to_string()];
     for l in 0..n_layer {
         for m in [
-            "attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_qkv",
+            "attn_out",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_gate_up",
+            "ffn_down",
         ] {
             names.push(format!("a.gen.code.blk.{l}.{m}.weight"));
         }
@@ -199,6 +208,65 @@ fn repack(ty: GgmlType, bytes: &mut [u8], n: usize, forward: bool) {
         _ => unreachable!("{ty:?} is never packed (see `packs`)"),
     };
     f(bytes, n, row_bytes)
+}
+
+/// Layer matrices that multiply the same input, joined row after row into one matrix (named
+/// first) when [`joinable`]: one product and one graph node where there were three or two, the
+/// input quantized once, and the feed-forward's `silu(gate) · up` read from one output
+/// ([`Context::swiglu_halves`]). The Qwen3 layer takes the joined matrix where it exists.
+pub const JOINED: [(&str, &[&str]); 2] = [
+    (
+        "attn_qkv.weight",
+        &["attn_q.weight", "attn_k.weight", "attn_v.weight"],
+    ),
+    ("ffn_gate_up.weight", &["ffn_gate.weight", "ffn_up.weight"]),
+];
+
+/// The file's tensors `parts` of a [`JOINED`] group, when they can be joined: one type that the
+/// packed kernels take, rows of the same length, and each part's rows in whole packing groups,
+/// so that packing the joined matrix packs each part as it would alone (any kernel then reads
+/// it: ggml's and the row kernels see the parts' rows one after the other).
+pub(crate) fn joinable<'h>(f: &'h GgufFile, parts: &[String]) -> Option<Vec<&'h TensorInfo>> {
+    let infos = parts
+        .iter()
+        .map(|n| f.header.tensor(n))
+        .collect::<Option<Vec<_>>>()?;
+    let first = infos.first()?;
+    let ok = PACKED_TYPES.contains(&first.ty)
+        && infos.iter().all(|t| {
+            let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
+            t.ty == first.ty
+                && ne.len() == 2
+                && t.ne[0] == first.ne[0]
+                && packs(LayerKernel::Packed, t.ty, &ne)
+        });
+    ok.then_some(infos)
+}
+
+/// Writes the matrix joined from `parts` (their file tensors, from [`joinable`]) into `ctx` as
+/// `name`, packed when `kernel` packs it, and releases the parts' pages.
+pub(crate) fn write_joined(
+    ctx: &Context,
+    f: &GgufFile,
+    name: &str,
+    parts: &[&TensorInfo],
+    kernel: LayerKernel,
+) -> Result<(), ModelError> {
+    let (ty, k) = (parts[0].ty, parts[0].ne[0] as usize);
+    let n: usize = parts.iter().map(|t| t.ne[1] as usize).sum();
+    let mut bytes = Vec::with_capacity(parts.iter().map(|t| t.nbytes as usize).sum());
+    for t in parts {
+        let missing = || ModelError::MissingTensor {
+            path: f.path().into(),
+            tensor: t.name.clone(),
+        };
+        bytes.extend_from_slice(f.tensor_data(&t.name).ok_or_else(missing)?);
+        f.release(&t.name);
+    }
+    let w = ctx.new_tensor(ty, &[k, n]).map_err(ModelError::from)?;
+    write_product_weight(w, ty, &bytes, kernel).map_err(ModelError::from)?;
+    w.set_name(name);
+    Ok(())
 }
 
 /// Writes a layer product's weight `w` from the file's bytes `data`, packed for
@@ -283,6 +351,13 @@ impl Geometry {
 impl CodePredictor {
     /// Loads the code predictor from a validated mmproj file.
     pub fn load(f: &GgufFile) -> Result<Self, ModelError> {
+        Self::load_joining(f, true)
+    }
+
+    /// As [`CodePredictor::load`], with `join` false: each layer matrix multiplied on its own
+    /// instead of the [`JOINED`] groups as one (the same values, more graph nodes; the baseline
+    /// the joined products are tested against).
+    pub fn load_joining(f: &GgufFile, join: bool) -> Result<Self, ModelError> {
         let started = std::time::Instant::now();
         let g = Geometry::read(f)?;
         let code: Vec<_> = f
@@ -298,7 +373,23 @@ impl CodePredictor {
             .map_err(ModelError::from)?;
         let kernel = LayerKernel::fastest();
         let products = product_names(g.n_layer);
-        for t in &code {
+        let mut joined = Vec::new();
+        for l in 0..g.n_layer {
+            for (name, parts) in JOINED {
+                let parts: Vec<String> = parts
+                    .iter()
+                    .map(|p| format!("a.gen.code.blk.{l}.{p}"))
+                    .collect();
+                if let Some(infos) = joinable(f, &parts).filter(|_| join) {
+                    joined.push((format!("a.gen.code.blk.{l}.{name}"), infos));
+                }
+            }
+        }
+        let is_part = |n: &str| joined.iter().any(|(_, p)| p.iter().any(|t| t.name == n));
+        for (name, parts) in &joined {
+            write_joined(&weights, f, name, parts, kernel)?;
+        }
+        for t in code.iter().filter(|t| !is_part(&t.name)) {
             let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
             let w = weights.new_tensor(t.ty, &ne).map_err(ModelError::from)?;
             // The validated header guarantees the data is inside the file.
@@ -371,6 +462,14 @@ impl CodePredictor {
         self.steps = build_steps(&self.weights, &self.geometry, kernel)?;
         self.kernel = kernel;
         Ok(())
+    }
+
+    /// How many [`JOINED`] matrices the layers hold (two a layer when the file's types allow).
+    pub fn joined(&self) -> usize {
+        (0..self.geometry.n_layer)
+            .flat_map(|l| JOINED.map(|(n, _)| format!("a.gen.code.blk.{l}.{n}")))
+            .filter(|n| self.weights.get(n).is_some())
+            .count()
     }
 
     /// The kernel of the layer products.

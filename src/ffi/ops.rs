@@ -48,6 +48,23 @@ impl Context {
         })
     }
 
+    /// `silu(a) ⊙ b` for each row `[a, b]` of `x` (`[2n, rows]` → `[n, rows]`; ggml's `swiglu`):
+    /// the feed-forward of a gate and an up matrix joined into one product.
+    pub fn swiglu_halves<'a>(&'a self, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
+        Self::dense_f32("swiglu_halves", x)?;
+        if !x.ne()[0].is_multiple_of(2) {
+            return Err(GgmlError::Shape {
+                what: "swiglu_halves",
+                expected: "rows of an even length".into(),
+                found: format!("{:?}", x.ne()),
+            });
+        }
+        // SAFETY: the tensor is live, contiguous f32 with rows of an even length (checked above).
+        self.op(x.n_elems() / 2, |c| unsafe {
+            sys::ggml_swiglu(c, x.ptr.as_ptr())
+        })
+    }
+
     /// `sin(x)`, elementwise (`sinf`).
     pub fn sin<'a>(&'a self, x: Tensor<'a>) -> Result<Tensor<'a>, GgmlError> {
         Self::dense_f32("sin", x)?;

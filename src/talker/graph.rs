@@ -17,7 +17,9 @@
 //!   blocks.
 
 use super::CODEC_VOCAB;
-use crate::code_predictor::{layer_product, write_product_weight, LayerKernel};
+use crate::code_predictor::{
+    joinable, layer_product, write_joined, write_product_weight, LayerKernel, JOINED,
+};
 use crate::error::ModelError;
 use crate::ffi::{Context, GgmlError, OwnedGraph, Tensor, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
@@ -57,6 +59,12 @@ impl Layers {
     /// Copies the talker's layers, final norm and codec head out of `f` (a validated talker
     /// file), packing q4_K, q5_K and q8_0 matrices when `kernel` is [`LayerKernel::Packed`].
     pub fn load(f: &GgufFile, kernel: LayerKernel) -> Result<Self, ModelError> {
+        Self::load_joining(f, kernel, true)
+    }
+
+    /// As [`Layers::load`], with `join` false: each layer matrix multiplied on its own instead
+    /// of the [`JOINED`] groups as one (the baseline the joined products are tested against).
+    pub fn load_joining(f: &GgufFile, kernel: LayerKernel, join: bool) -> Result<Self, ModelError> {
         let h = &f.header;
         let a = "qwen3tts";
         let u = |k: &str| {
@@ -116,8 +124,19 @@ impl Layers {
             }
             let ctx = Context::new(bytes as usize + (layer_names.len() + 4) * 1024 + (64 << 10))
                 .map_err(ModelError::from)?;
+            let mut parts_written = Vec::new();
+            for (name, parts) in JOINED {
+                let parts: Vec<String> = parts.iter().map(|p| file_name(p)).collect();
+                if let Some(infos) = joinable(f, &parts).filter(|_| join) {
+                    write_joined(&ctx, f, name, &infos, kernel)?;
+                    parts_written.extend(parts);
+                }
+            }
             for n in &layer_names {
                 let name = file_name(n);
+                if parts_written.contains(&name) {
+                    continue;
+                }
                 let t = h.tensor(&name).ok_or_else(|| missing(&name))?;
                 let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
                 let w = ctx.new_tensor(t.ty, &ne).map_err(ModelError::from)?;
@@ -168,6 +187,14 @@ impl Layers {
             kernel,
             weights,
         })
+    }
+
+    /// How many [`JOINED`] matrices the layers hold (two a layer when the file's types allow).
+    pub fn joined(&self) -> usize {
+        self.weights
+            .iter()
+            .map(|c| JOINED.iter().filter(|(n, _)| c.get(n).is_some()).count())
+            .sum()
     }
 
     /// The kernel of the products.
