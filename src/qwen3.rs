@@ -12,7 +12,8 @@
 //! before the nodes that read them, so the caller lists them first among the graph's outputs).
 
 use crate::code_predictor::{layer_product, LayerKernel};
-use crate::ffi::{Context, GgmlError, Tensor};
+use crate::ffi::{AttendOne, Context, GgmlError, Tensor};
+use crate::gguf::GgmlType;
 
 /// The attention geometry of a layer stack.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -97,6 +98,27 @@ pub(crate) fn layer<'a>(
     let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
     let rows = x.ne()[1];
     let h = c.mul(c.rms_norm(x, d.eps)?, w(names.attn_norm)?)?;
+    if let (Ok(qkv), Kv::Cache { k: ck, v: cv, p0 }, 1, LayerKernel::Packed) =
+        (w("attn_qkv.weight"), kv, rows, kernel)
+    {
+        let fits = p0 < MAX_ATTEND && hd <= MAX_HEAD_DIM;
+        if fits && ck.is_type(GgmlType::F32) && cv.is_type(GgmlType::F32) {
+            // One row through the engine's kernels: its whole attention is one node.
+            let y = layer_product(c, qkv, h, kernel)?;
+            let norms = [w("attn_q_norm.weight")?, w("attn_k_norm.weight")?];
+            let o = c.attend_one(
+                y,
+                norms,
+                [ck, cv],
+                p0,
+                [nh, nkv, hd],
+                d.eps,
+                d.theta,
+                attend,
+            )?;
+            return feed_forward(c, w, names, d, x, o, kernel);
+        }
+    }
     let (q, k, v) = match w("attn_qkv.weight") {
         // One product of the joined matrix (`code_predictor::JOINED`), each row `[q, k, v]`.
         Ok(qkv) => {
@@ -171,6 +193,20 @@ pub(crate) fn layer<'a>(
     let kq = c.soft_max(kq, mask, 1.0 / (hd as f32).sqrt())?;
     let kqv = c.mul_mat(vals, kq)?;
     let o = c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, rows, 1])?;
+    feed_forward(c, w, names, d, x, o, kernel)
+}
+
+/// The rest of a layer from the attention's output `o`: its projection added to the residual
+/// stream `x`, then the feed-forward added.
+fn feed_forward<'a>(
+    c: &'a Context,
+    w: &dyn Fn(&str) -> Result<Tensor<'a>, GgmlError>,
+    names: Names,
+    d: Dims,
+    x: Tensor<'a>,
+    o: Tensor<'a>,
+    kernel: LayerKernel,
+) -> Result<Tensor<'a>, GgmlError> {
     let x = c.add(x, layer_product(c, w(names.attn_out)?, o, kernel)?)?;
     let h = c.mul(c.rms_norm(x, d.eps)?, w(names.ffn_norm)?)?;
     let act = match w("ffn_gate_up.weight") {
@@ -215,4 +251,101 @@ pub(crate) fn causal_mask(rows: usize, p0: usize) -> Vec<f32> {
         }
     }
     v
+}
+
+/// [`Context::attend_one`]'s kernel: query heads `h0..h1` (whole key/value groups) of one row, in
+/// f32, as the graph's ops compute them (RMSNorm with an f64 sum, NeoX RoPE with ggml's angle
+/// recurrence, softmax of the scaled scores less their maximum).
+///
+/// # Safety
+/// As [`crate::ffi::AttendKernel`] says.
+unsafe fn attend(a: &AttendOne, h0: usize, h1: usize) {
+    let (hd, nkv, n_ctx, pos) = (a.head_dim, a.n_head_kv, a.n_ctx, a.pos);
+    let group = a.n_head / nkv;
+    // SAFETY: the pointers are valid for the shapes `a` names (the op checked them); this thread
+    // writes only its own heads' outputs and the cache entries at `pos` of its own key/value
+    // heads, and reads other positions' entries, which no thread writes during the node.
+    unsafe {
+        let qkv = std::slice::from_raw_parts(a.qkv, hd * (a.n_head + 2 * nkv));
+        let q_norm = std::slice::from_raw_parts(a.q_norm, hd);
+        let k_norm = std::slice::from_raw_parts(a.k_norm, hd);
+        let mut k = [0f32; MAX_HEAD_DIM];
+        let mut q = [0f32; MAX_HEAD_DIM];
+        let mut scores = [0f32; MAX_ATTEND];
+        let (k, q) = (&mut k[..hd], &mut q[..hd]);
+        let scale = 1.0 / (hd as f32).sqrt();
+        for g in h0 / group..h1 / group {
+            let (k_at, v_at) = (hd * (a.n_head + g), hd * (a.n_head + nkv + g));
+            norm_rope(&qkv[k_at..k_at + hd], k_norm, a.eps, a.theta, pos, k);
+            let v = &qkv[v_at..v_at + hd];
+            let k_row = a.k_cache.add(hd * (g + nkv * pos));
+            for i in 0..hd {
+                *k_row.add(i) = k[i];
+                *a.v_cache.add(pos + n_ctx * (g * hd + i)) = v[i];
+            }
+            for h in g * group..(g + 1) * group {
+                norm_rope(&qkv[h * hd..(h + 1) * hd], q_norm, a.eps, a.theta, pos, q);
+                let mut max = f32::NEG_INFINITY;
+                for (t, s) in scores[..=pos].iter_mut().enumerate() {
+                    let kt = std::slice::from_raw_parts(a.k_cache.add(hd * (g + nkv * t)), hd);
+                    *s = dot(q, kt) * scale;
+                    max = max.max(*s);
+                }
+                let mut sum = 0f64;
+                for s in &mut scores[..=pos] {
+                    *s = (*s - max).exp();
+                    sum += *s as f64;
+                }
+                let inv = (1.0 / sum) as f32;
+                let out = std::slice::from_raw_parts_mut(a.out.add(h * hd), hd);
+                for (i, o) in out.iter_mut().enumerate() {
+                    let vi =
+                        std::slice::from_raw_parts(a.v_cache.add(n_ctx * (g * hd + i)), pos + 1);
+                    *o = dot(&scores[..=pos], vi) * inv;
+                }
+            }
+        }
+    }
+}
+
+/// The widest head [`attend`] takes.
+const MAX_HEAD_DIM: usize = 256;
+/// The most positions [`attend`] attends (the code predictor's 16).
+const MAX_ATTEND: usize = 64;
+
+/// `x` RMS-normed, times `w`, NeoX-roped at `pos`, into `out`.
+fn norm_rope(x: &[f32], w: &[f32], eps: f32, theta: f32, pos: usize, out: &mut [f32]) {
+    let n = x.len();
+    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let r = 1.0 / ((sum / n as f64) as f32 + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * r * g;
+    }
+    let half = n / 2;
+    let step = theta.powf(-2.0 / n as f32);
+    let mut angle = pos as f32;
+    for i in 0..half {
+        let (sin, cos) = angle.sin_cos();
+        let (x0, x1) = (out[i], out[i + half]);
+        out[i] = x0 * cos - x1 * sin;
+        out[i + half] = x0 * sin + x1 * cos;
+        angle *= step;
+    }
+}
+
+/// `Σ a·b` in 16 lanes.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for j in 0..16 {
+            acc[j] = x[j].mul_add(y[j], acc[j]);
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
 }

@@ -515,9 +515,10 @@ fn packed_q8_0_layers_give_the_frame_of_the_file_s_rows() {
 }
 
 /// The layers' q/k/v and gate/up matrices joined into one product each (the default, see
-/// `code_predictor::JOINED`) give the frame of the matrices multiplied one by one, to the bit, under
-/// every kernel: each output row is the same dot product of the same quantized input, and the
-/// attention and feed-forward read the same values from views of one output.
+/// `code_predictor::JOINED`) give the frame of the matrices multiplied one by one, to the bit,
+/// under the ggml and row kernels: each output row is the same dot product of the same quantized
+/// input, and the attention and feed-forward read the same values from views of one output.
+/// Under the packed kernel a single row's attention is one node of its own, within 1e-5.
 #[test]
 fn joined_products_give_the_frame_of_separate_ones() {
     use qtts::code_predictor::LayerKernel;
@@ -562,6 +563,14 @@ fn joined_products_give_the_frame_of_separate_ones() {
                 (codes, logits)
             };
             let (a, b) = (run(&mut joined), run(&mut separate));
+            if kernel == LayerKernel::Packed && ty != OutType::F32 {
+                // Single rows then attend in one node (`Context::attend_one`), rounding as it
+                // sums, where the separate products go through ggml's attention ops.
+                let scale = b.1.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let e = max_abs_until_parted(&a, &b);
+                assert!(e <= 1e-5 * scale.max(1.0), "{ty:?}: {e} of {scale}");
+                continue;
+            }
             assert_eq!(a.0, b.0, "{ty:?} {kernel:?}: codes");
             assert!(
                 a.1.iter()

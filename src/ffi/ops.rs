@@ -1017,3 +1017,160 @@ impl Context {
         }
     }
 }
+
+/// One row's attention, for [`Context::attend_one`]: what the kernel reads and writes, as ggml
+/// holds it when the graph runs.
+#[derive(Debug, Clone, Copy)]
+pub struct AttendOne {
+    /// The row's joined product `[q (n_head heads), k (n_head_kv), v (n_head_kv)]`, `head_dim`
+    /// values a head.
+    pub qkv: *const f32,
+    /// The per-head RMSNorm weights of queries and keys (`head_dim` each).
+    pub q_norm: *const f32,
+    /// See `q_norm`.
+    pub k_norm: *const f32,
+    /// Keys by position, `[head_dim, n_head_kv, n_ctx]`.
+    pub k_cache: *mut f32,
+    /// Values transposed, `[n_ctx, head_dim · n_head_kv]`.
+    pub v_cache: *mut f32,
+    /// The output, `head_dim · n_head` values.
+    pub out: *mut f32,
+    /// Positions the caches hold.
+    pub n_ctx: usize,
+    /// The row's position: keys and values are written there, positions `0..=pos` attended.
+    pub pos: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// RoPE base.
+    pub theta: f32,
+}
+
+/// The kernel of [`Context::attend_one`]: query heads `h0..h1` of `a`, on one thread of the
+/// graph; the thread with a key/value head's first query head writes that head's key and
+/// value at `a.pos` (the others compute them too and read only the positions before).
+///
+/// # Safety
+/// The pointers of `a` are valid for the shapes it names, and no two calls write the same
+/// elements.
+pub type AttendKernel = unsafe fn(a: &AttendOne, h0: usize, h1: usize);
+
+/// ggml's side of [`Context::attend_one`]: splits the query heads over the graph's threads.
+unsafe extern "C" fn attend_one_trampoline(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    userdata: *mut std::os::raw::c_void,
+) {
+    // SAFETY: `attend_one` built this node: `userdata` is an `AttendKernel`, sources 0-4 are
+    // the joined product, the two norm weights and the two f32 caches, source 5 the i32
+    // parameters, all shaped as `attend_one` checked; each thread gets whole query heads, and a
+    // key/value head's cache entries are written by the thread of its first query head only.
+    unsafe {
+        let kernel = std::mem::transmute::<*mut std::os::raw::c_void, AttendKernel>(userdata);
+        let src = |i: usize| (*dst).src[i];
+        let p = (*src(5)).data as *const i32;
+        let (n_head, n_head_kv, head_dim) = (*p as usize, *p.add(1) as usize, *p.add(2) as usize);
+        let a = AttendOne {
+            qkv: (*src(0)).data as *const f32,
+            q_norm: (*src(1)).data as *const f32,
+            k_norm: (*src(2)).data as *const f32,
+            k_cache: (*src(3)).data as *mut f32,
+            v_cache: (*src(4)).data as *mut f32,
+            out: (*dst).data as *mut f32,
+            n_ctx: (*src(3)).ne[2] as usize,
+            pos: *p.add(3) as usize,
+            n_head,
+            n_head_kv,
+            head_dim,
+            eps: f32::from_bits(*p.add(4) as u32),
+            theta: f32::from_bits(*p.add(5) as u32),
+        };
+        // Whole groups of query heads per thread, so each key/value head has one writer.
+        let group = n_head / n_head_kv;
+        let (g0, g1) = thread_share(n_head_kv, ith, nth);
+        if g0 == g1 {
+            return;
+        }
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            kernel(&a, g0 * group, g1 * group)
+        }));
+    }
+}
+
+impl Context {
+    /// One row's attention at position `pos` in one graph node: the row's queries and keys
+    /// RMS-normed per head and NeoX-roped, its key and value written into the caches at `pos`,
+    /// and each query head's softmax-weighted sum of the values of positions `0..=pos` (scaled
+    /// by `1/√head_dim`), computed by `kernel` over whole key/value heads per thread. `qkv` is
+    /// the row's contiguous f32 `[q, k, v]` (`head_dim · (n_head + 2 n_head_kv)` values), the
+    /// caches f32 as `qwen3::Kv::Cache` lays them out. Returns `[head_dim · n_head, 1]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_one<'a>(
+        &'a self,
+        qkv: Tensor<'a>,
+        norms: [Tensor<'a>; 2],
+        caches: [Tensor<'a>; 2],
+        pos: usize,
+        heads: [usize; 3],
+        eps: f32,
+        theta: f32,
+        kernel: AttendKernel,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        let [n_head, n_head_kv, head_dim] = heads;
+        for t in [qkv, norms[0], norms[1], caches[0], caches[1]] {
+            Self::dense_f32("attend_one", t)?;
+        }
+        let (k, v) = (caches[0].ne(), caches[1].ne());
+        let ok = n_head_kv > 0
+            && head_dim > 0
+            && head_dim.is_multiple_of(2)
+            && n_head.is_multiple_of(n_head_kv)
+            && qkv.n_elems() == head_dim * (n_head + 2 * n_head_kv)
+            && norms.iter().all(|t| t.n_elems() == head_dim)
+            && k[..3] == [head_dim, n_head_kv, k[2]]
+            && v[..2] == [k[2], head_dim * n_head_kv]
+            && pos < k[2];
+        if !ok {
+            return Err(GgmlError::Shape {
+                what: "attend_one",
+                expected: format!(
+                    "a row of {} values, norms of {head_dim}, caches [{head_dim}, {n_head_kv}, n] \
+                     and [n, {}] with n > {pos}",
+                    head_dim * (n_head + 2 * n_head_kv),
+                    head_dim * n_head_kv
+                ),
+                found: format!(
+                    "row {:?}, norms {:?} {:?}, caches {k:?} {v:?}",
+                    qkv.ne(),
+                    norms[0].ne(),
+                    norms[1].ne()
+                ),
+            });
+        }
+        let params = self.new_i32(6)?;
+        params.write_i32(&[
+            n_head as i32,
+            n_head_kv as i32,
+            head_dim as i32,
+            pos as i32,
+            eps.to_bits() as i32,
+            theta.to_bits() as i32,
+        ])?;
+        // SAFETY: the tensors are live, contiguous f32 (the parameters i32) and shaped as the
+        // trampoline reads them (checked above); the kernel is a plain function pointer.
+        unsafe {
+            self.custom_f32(
+                [head_dim * n_head, 1, 1, 1],
+                &[qkv, norms[0], norms[1], caches[0], caches[1], params],
+                attend_one_trampoline,
+                kernel as *mut std::os::raw::c_void,
+            )
+        }
+    }
+}
