@@ -211,7 +211,8 @@ fn repack(ty: GgmlType, bytes: &mut [u8], n: usize, forward: bool) {
 }
 
 /// Layer matrices that multiply the same input, joined row after row into one matrix (named
-/// first) when [`joinable`]: one product and one graph node where there were three or two, the
+/// first) when their file tensors allow it (one packed type, rows in whole
+/// packing groups): one product and one graph node where there were three or two, the
 /// input quantized once, and the feed-forward's `silu(gate) · up` read from one output
 /// ([`Context::swiglu_halves`]). The Qwen3 layer takes the joined matrix where it exists.
 pub const JOINED: [(&str, &[&str]); 2] = [
