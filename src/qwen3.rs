@@ -11,7 +11,7 @@
 //! writes its keys and values into the caller's cache (the returned `writes` must be computed
 //! before the nodes that read them, so the caller lists them first among the graph's outputs).
 
-use crate::code_predictor::{layer_product, LayerKernel};
+use crate::code_predictor::{product_by, rust_kernel, LayerKernel};
 use crate::ffi::{AttendOne, Context, GgmlError, Tensor};
 use crate::gguf::GgmlType;
 
@@ -97,14 +97,14 @@ pub(crate) fn layer<'a>(
 ) -> Result<Tensor<'a>, GgmlError> {
     let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
     let rows = x.ne()[1];
-    let h = c.mul(c.rms_norm(x, d.eps)?, w(names.attn_norm)?)?;
+    let h = Normed::new(c, x, w(names.attn_norm)?, d.eps);
     if let (Ok(qkv), Kv::Cache { k: ck, v: cv, p0 }, 1, LayerKernel::Packed) =
         (w("attn_qkv.weight"), kv, rows, kernel)
     {
         let fits = p0 < MAX_ATTEND && hd <= MAX_HEAD_DIM;
         if fits && ck.is_type(GgmlType::F32) && cv.is_type(GgmlType::F32) {
             // One row through the engine's kernels: its whole attention is one node.
-            let y = layer_product(c, qkv, h, kernel)?;
+            let y = h.product(qkv, kernel)?;
             let norms = [w("attn_q_norm.weight")?, w("attn_k_norm.weight")?];
             let o = c.attend_one(
                 y,
@@ -122,7 +122,7 @@ pub(crate) fn layer<'a>(
     let (q, k, v) = match w("attn_qkv.weight") {
         // One product of the joined matrix (`code_predictor::JOINED`), each row `[q, k, v]`.
         Ok(qkv) => {
-            let y = layer_product(c, qkv, h, kernel)?;
+            let y = h.product(qkv, kernel)?;
             let (f, row) = (4, 4 * y.ne()[0]);
             let nb = [f, f * hd, row];
             let v = c.view(
@@ -139,15 +139,9 @@ pub(crate) fn layer<'a>(
             )
         }
         Err(_) => (
-            c.reshape(
-                layer_product(c, w("attn_q.weight")?, h, kernel)?,
-                [hd, nh, rows],
-            )?,
-            c.reshape(
-                layer_product(c, w("attn_k.weight")?, h, kernel)?,
-                [hd, nkv, rows],
-            )?,
-            layer_product(c, w("attn_v.weight")?, h, kernel)?,
+            c.reshape(h.product(w("attn_q.weight")?, kernel)?, [hd, nh, rows])?,
+            c.reshape(h.product(w("attn_k.weight")?, kernel)?, [hd, nkv, rows])?,
+            h.product(w("attn_v.weight")?, kernel)?,
         ),
     };
     let q = c.mul(c.rms_norm(q, d.eps)?, w("attn_q_norm.weight")?)?;
@@ -207,16 +201,69 @@ fn feed_forward<'a>(
     o: Tensor<'a>,
     kernel: LayerKernel,
 ) -> Result<Tensor<'a>, GgmlError> {
-    let x = c.add(x, layer_product(c, w(names.attn_out)?, o, kernel)?)?;
-    let h = c.mul(c.rms_norm(x, d.eps)?, w(names.ffn_norm)?)?;
+    let x = residual_product(c, w(names.attn_out)?, o, x, kernel)?;
+    let h = Normed::new(c, x, w(names.ffn_norm)?, d.eps);
     let act = match w("ffn_gate_up.weight") {
-        Ok(gate_up) => c.swiglu_halves(layer_product(c, gate_up, h, kernel)?)?,
+        Ok(gate_up) => c.swiglu_halves(h.product(gate_up, kernel)?)?,
         Err(_) => c.swiglu(
-            layer_product(c, w("ffn_gate.weight")?, h, kernel)?,
-            layer_product(c, w("ffn_up.weight")?, h, kernel)?,
+            h.product(w("ffn_gate.weight")?, kernel)?,
+            h.product(w("ffn_up.weight")?, kernel)?,
         )?,
     };
-    c.add(x, layer_product(c, w("ffn_down.weight")?, act, kernel)?)
+    residual_product(c, w("ffn_down.weight")?, act, x, kernel)
+}
+
+/// A layer's input `x` and its RMSNorm by `g`, for the products that read it: a product by a
+/// Rust kernel norms the input in its own node ([`Context::map_mat_with`]); ggml's products
+/// share one norm, made on first use.
+struct Normed<'a> {
+    c: &'a Context,
+    x: Tensor<'a>,
+    g: Tensor<'a>,
+    eps: f32,
+    h: std::cell::Cell<Option<Tensor<'a>>>,
+}
+
+impl<'a> Normed<'a> {
+    fn new(c: &'a Context, x: Tensor<'a>, g: Tensor<'a>, eps: f32) -> Self {
+        Normed {
+            c,
+            x,
+            g,
+            eps,
+            h: std::cell::Cell::new(None),
+        }
+    }
+
+    /// `w · (rms_norm(x) ⊙ g)`.
+    fn product(&self, w: Tensor<'a>, kernel: LayerKernel) -> Result<Tensor<'a>, GgmlError> {
+        if let Some(f) = rust_kernel(kernel, w) {
+            return product_by(self.c, f, w, self.x, Some((self.g, self.eps)), None);
+        }
+        let h = match self.h.get() {
+            Some(h) => h,
+            None => {
+                let h = self.c.mul(self.c.rms_norm(self.x, self.eps)?, self.g)?;
+                self.h.set(Some(h));
+                h
+            }
+        };
+        self.c.mul_mat(w, h)
+    }
+}
+
+/// `x + w · o`, the sum folded into the product's node where a Rust kernel computes it.
+fn residual_product<'a>(
+    c: &'a Context,
+    w: Tensor<'a>,
+    o: Tensor<'a>,
+    x: Tensor<'a>,
+    kernel: LayerKernel,
+) -> Result<Tensor<'a>, GgmlError> {
+    match rust_kernel(kernel, w) {
+        Some(f) => product_by(c, f, w, o, None, Some(x)),
+        None => c.add(x, c.mul_mat(w, o)?),
+    }
 }
 
 /// Keys as `[hd, n_kv, nkv]` and values as `[n_kv, hd, nkv]` of positions `0..n_kv` of a cache

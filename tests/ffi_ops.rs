@@ -593,3 +593,83 @@ fn rows3_after_puts_the_kernel_rows_behind_the_head() {
         ));
     }
 }
+
+/// f32 rows for `map_mat`: `y[j · y_stride + r] = w_r · x_j`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn f32_rows(
+    w: *const u8,
+    row_bytes: usize,
+    n: usize,
+    k: usize,
+    x: *const f32,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    for j in 0..m {
+        for r in 0..n {
+            // SAFETY: `map_mat` passes n rows of row_bytes at w, m inputs of k at x, and room
+            // for every y index.
+            unsafe {
+                let wr = std::slice::from_raw_parts(w.add(r * row_bytes) as *const f32, k);
+                let xj = std::slice::from_raw_parts(x.add(j * k), k);
+                *y.add(j * y_stride + r) = wr.iter().zip(xj).map(|(a, b)| a * b).sum();
+            }
+        }
+    }
+}
+
+/// `map_mat_with` folds the RMSNorm of its input and the residual add into the product's node:
+/// the same values as ggml's `rms_norm`, `mul`, product and `add` (within float rounding), over
+/// both threads' rows; shapes that do not fit are refused.
+#[test]
+fn map_mat_with_folds_the_norm_and_the_residual() {
+    let pool = Threadpool::new(2, &[]).unwrap();
+    let (k, n, m) = (48, 20, 3);
+    let ctx = Context::new(1 << 20).unwrap();
+    let tensor = |ne: &[usize], seed: usize| {
+        let t = ctx.new_f32(ne).unwrap();
+        t.write_f32(&values(ne.iter().product(), seed)).unwrap();
+        t
+    };
+    let (w, x, g, r) = (
+        tensor(&[k, n], 1),
+        tensor(&[k, m], 2),
+        tensor(&[k], 3),
+        tensor(&[n, m], 4),
+    );
+    let eps = 1e-6;
+    let folded = ctx
+        .map_mat_with::<1>(w, x, Some((g, eps)), Some(r), f32_rows)
+        .unwrap();
+    let plain = ctx.map_mat_with::<1>(w, x, None, None, f32_rows).unwrap();
+    let normed = ctx.mul(ctx.rms_norm(x, eps).unwrap(), g).unwrap();
+    let reference = ctx.add(r, ctx.mul_mat(w, normed).unwrap()).unwrap();
+    let product = ctx.mul_mat(w, x).unwrap();
+    ctx.graph_of(&[folded, plain, reference, product])
+        .unwrap()
+        .compute(&pool)
+        .unwrap();
+    let read = |t: qtts::ffi::Tensor<'_>| {
+        let mut v = vec![0f32; n * m];
+        t.read_f32(&mut v).unwrap();
+        v
+    };
+    for (got, want) in [
+        (read(folded), read(reference)),
+        (read(plain), read(product)),
+    ] {
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{i}: {a} vs {b}");
+        }
+    }
+    let what = |r: Result<qtts::ffi::Tensor<'_>, GgmlError>| match r {
+        Err(GgmlError::Shape { what, .. }) => what,
+        other => panic!("expected a shape error, got {other:?}"),
+    };
+    let short = tensor(&[k - 1], 5);
+    let wrong = tensor(&[n, m + 1], 6);
+    let with = |norm, res| ctx.map_mat_with::<1>(w, x, norm, res, f32_rows);
+    assert_eq!(what(with(Some((short, eps)), None)), "map_mat norm");
+    assert_eq!(what(with(None, Some(wrong))), "map_mat residual");
+}

@@ -25,7 +25,7 @@ mod quant;
 use heads::{Heads, Kernel};
 
 use crate::error::ModelError;
-use crate::ffi::{Context, GgmlError, OwnedGraph, Tensor, Threadpool};
+use crate::ffi::{Context, GgmlError, MatKernel, OwnedGraph, Tensor, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, TensorInfo, Value};
 use crate::qwen3;
 
@@ -882,25 +882,51 @@ pub(crate) fn layer_product<'a>(
     x: Tensor<'a>,
     kernel: LayerKernel,
 ) -> Result<Tensor<'a>, GgmlError> {
+    match rust_kernel(kernel, w) {
+        Some(f) => product_by(c, f, w, x, None, None),
+        None => c.mul_mat(w, x),
+    }
+}
+
+/// The Rust kernel [`layer_product`] multiplies by `w` with under `kernel`, and the rows it
+/// reads at a time; `None` for ggml's `mul_mat`.
+pub(crate) fn rust_kernel(kernel: LayerKernel, w: Tensor<'_>) -> Option<(MatKernel, usize)> {
     #[cfg(target_arch = "x86_64")]
     if kernel != LayerKernel::Ggml {
         if let Some(ty) = packed_type(kernel, w) {
-            let f: crate::ffi::MatKernel = match ty {
+            let f: MatKernel = match ty {
                 GgmlType::Q4K => q4k16::mat_vnni,
                 GgmlType::Q5K => q4k16::mat_vnni5,
                 GgmlType::Q8_0 => q8::mat_packed,
                 _ => unreachable!("{ty:?} is never packed (see `packs`)"),
             };
-            return c.map_mat_in::<{ quant::GROUP }>(w, x, f);
+            return Some((f, quant::GROUP));
         }
         let ne = w.ne();
         if w.is_type(GgmlType::Q4K) && ne[0].is_multiple_of(q4k::BLOCK) {
-            return c.map_mat(w, x, q4k::mat_vnni);
+            return Some((q4k::mat_vnni, 1));
         }
         if w.is_type(GgmlType::Q8_0) && ne[0].is_multiple_of(q8::BLOCK) {
-            return c.map_mat(w, x, q8::mat_vnni);
+            return Some((q8::mat_vnni, 1));
         }
     }
-    let _ = kernel;
-    c.mul_mat(w, x)
+    let _ = (kernel, w);
+    None
+}
+
+/// `w · x` by a kernel of [`rust_kernel`], `x` normed first and `residual` added as
+/// [`Context::map_mat_with`] folds them.
+pub(crate) fn product_by<'a>(
+    c: &'a Context,
+    (f, rows): (MatKernel, usize),
+    w: Tensor<'a>,
+    x: Tensor<'a>,
+    norm: Option<(Tensor<'a>, f32)>,
+    residual: Option<Tensor<'a>>,
+) -> Result<Tensor<'a>, GgmlError> {
+    if rows == quant::GROUP {
+        c.map_mat_with::<{ quant::GROUP }>(w, x, norm, residual, f)
+    } else {
+        c.map_mat_with::<1>(w, x, norm, residual, f)
+    }
 }

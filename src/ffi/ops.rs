@@ -330,6 +330,37 @@ impl Context {
     }
 }
 
+/// Where a custom op of ours keeps its own parameters: `op_params` (16 i32) from index 8 on.
+/// ggml's `ggml_custom_4d` stores its `ggml_custom_op_params` (a function pointer, an int and a
+/// pointer: 24 bytes on 64-bit targets, `ggml-impl.h`) in the first 32 bytes and reads no more.
+/// Parameters in the node itself, not in a tensor, also hold in graphs placed by ggml's
+/// allocator, whose tensors have no data when the graph is built.
+const EXTRA_PARAMS: usize = 8;
+
+/// Writes `vals` (at most 8) as a custom node's own parameters (see [`EXTRA_PARAMS`]).
+fn set_extra_params(t: Tensor<'_>, vals: &[i32]) {
+    // SAFETY: the node is live; indices EXTRA_PARAMS.. of its 16 op_params are unused by ggml
+    // for a custom op (see EXTRA_PARAMS), and vals has at most 8 values (the callers' 2 and 6).
+    unsafe {
+        let p = &mut (*t.ptr.as_ptr()).op_params;
+        p[EXTRA_PARAMS..EXTRA_PARAMS + vals.len()].copy_from_slice(vals);
+    }
+}
+
+/// A custom node's own parameters (see [`EXTRA_PARAMS`]).
+///
+/// # Safety
+/// `dst` is a live node.
+unsafe fn extra_params(dst: *const sys::ggml_tensor) -> [i32; 8] {
+    // SAFETY: the caller passes a live node; op_params has 16 values.
+    unsafe {
+        let all: &[i32; 16] = &(*dst).op_params;
+        let mut out = [0i32; 8];
+        out.copy_from_slice(&all[EXTRA_PARAMS..EXTRA_PARAMS + 8]);
+        out
+    }
+}
+
 /// A row kernel for [`Context::rows3`]: `(x, b, c, y)`, each one row of `ne0` values.
 pub type RowKernel3 = fn(&[f32], &[f32], &[f32], &mut [f32]);
 
@@ -912,11 +943,52 @@ unsafe extern "C" fn map_mat_trampoline<const G: usize>(
         }
         let wp = ((*w).data as *const u8).add(r0 * row_bytes);
         let yp = ((*dst).data as *mut f32).add(r0);
-        let xp = (*x).data as *const f32;
+        // `map_mat_with`'s parameters [flags, eps bits]; sources 2.. are the norm's weights
+        // (flag 1), then the residual (flag 2).
+        let p = extra_params(dst);
+        let (flags, eps) = (p[0], f32::from_bits(p[1] as u32));
+        let mut next = 2;
+        let mut source = |on: bool| {
+            on.then(|| {
+                next += 1;
+                (*(*dst).src[next - 1]).data as *const f32
+            })
+        };
+        let (norm, residual) = (source(flags & 1 != 0), source(flags & 2 != 0));
+        let x = std::slice::from_raw_parts((*x).data as *const f32, k * m);
         // A panic must not unwind into ggml; a caught one leaves the rows unfinished.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            kernel(wp, row_bytes, r1 - r0, k, xp, m, yp, n)
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match norm {
+            Some(g) => NORMED.with_borrow_mut(|xn| {
+                rms_norm_rows(x, std::slice::from_raw_parts(g, k), eps, xn);
+                kernel(wp, row_bytes, r1 - r0, k, xn.as_ptr(), m, yp, n)
+            }),
+            None => kernel(wp, row_bytes, r1 - r0, k, x.as_ptr(), m, yp, n),
         }));
+        if let Some(res) = residual {
+            for j in 0..m {
+                for r in r0..r1 {
+                    *(*dst).data.cast::<f32>().add(j * n + r) += *res.add(j * n + r);
+                }
+            }
+        }
+    }
+}
+
+std::thread_local! {
+    /// [`map_mat_trampoline`]'s normed input, per thread (grows to the largest input, once).
+    static NORMED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Each row of `x` (rows of `g.len()` values) RMS-normed and times `g`, into `out` (resized), as
+/// ggml's `rms_norm` then `mul` compute it (the sum of squares in f64).
+fn rms_norm_rows(x: &[f32], g: &[f32], eps: f32, out: &mut Vec<f32>) {
+    out.resize(x.len(), 0.0);
+    for (row, o) in x.chunks_exact(g.len()).zip(out.chunks_exact_mut(g.len())) {
+        let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
+        let scale = 1.0 / ((sum / g.len() as f64) as f32 + eps).sqrt();
+        for ((o, &v), &w) in o.iter_mut().zip(row).zip(g) {
+            *o = v * scale * w;
+        }
     }
 }
 
@@ -984,7 +1056,48 @@ impl Context {
         x: Tensor<'a>,
         kernel: MatKernel,
     ) -> Result<Tensor<'a>, GgmlError> {
+        self.map_mat_with::<G>(w, x, None, None, kernel)
+    }
+
+    /// As [`Context::map_mat_in`], with the ops around a layer's product folded into its node:
+    /// `norm = Some((g, eps))` multiplies `rms_norm(x, eps) · g` (each thread norms the input
+    /// rows it reads, as ggml's `rms_norm` and `mul` would), and `residual` (f32, the output's
+    /// shape) is added to each output as it is stored. One graph node where there were up to
+    /// four.
+    pub fn map_mat_with<'a, const G: usize>(
+        &'a self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        norm: Option<(Tensor<'a>, f32)>,
+        residual: Option<Tensor<'a>>,
+        kernel: MatKernel,
+    ) -> Result<Tensor<'a>, GgmlError> {
         Self::dense_f32("map_mat input", x)?;
+        let mut args = vec![w, x];
+        let flags = i32::from(norm.is_some()) | (i32::from(residual.is_some()) << 1);
+        let eps = norm.map_or(0.0, |(_, e)| e);
+        if let Some((g, _)) = norm {
+            Self::dense_f32("map_mat norm", g)?;
+            if g.n_elems() != x.ne()[0] {
+                return Err(GgmlError::Shape {
+                    what: "map_mat norm",
+                    expected: format!("{} weights", x.ne()[0]),
+                    found: format!("{:?}", g.ne()),
+                });
+            }
+            args.push(g);
+        }
+        if let Some(r) = residual {
+            Self::dense_f32("map_mat residual", r)?;
+            if r.ne()[..2] != [w.ne()[1], x.ne()[1]] {
+                return Err(GgmlError::Shape {
+                    what: "map_mat residual",
+                    expected: format!("[{}, {}]", w.ne()[1], x.ne()[1]),
+                    found: format!("{:?}", r.ne()),
+                });
+            }
+            args.push(r);
+        }
         let (nw, nx) = (w.ne(), x.ne());
         // SAFETY: the tensor is live; contiguity reads its shape and strides.
         let dense = unsafe { sys::ggml_is_contiguous(w.ptr.as_ptr()) };
@@ -1007,14 +1120,16 @@ impl Context {
         }
         // SAFETY: the tensors are live and shaped as the trampoline expects (checked above); the
         // kernel is a plain function pointer, valid for the program's life.
-        unsafe {
+        let y = unsafe {
             self.custom_f32(
                 [nw[1], nx[1], 1, 1],
-                &[w, x],
+                &args,
                 map_mat_trampoline::<G>,
                 kernel as *mut std::os::raw::c_void,
             )
-        }
+        }?;
+        set_extra_params(y, &[flags, eps.to_bits() as i32]);
+        Ok(y)
     }
 }
 
@@ -1068,14 +1183,14 @@ unsafe extern "C" fn attend_one_trampoline(
     userdata: *mut std::os::raw::c_void,
 ) {
     // SAFETY: `attend_one` built this node: `userdata` is an `AttendKernel`, sources 0-4 are
-    // the joined product, the two norm weights and the two f32 caches, source 5 the i32
-    // parameters, all shaped as `attend_one` checked; each thread gets whole query heads, and a
+    // the joined product, the two norm weights and the two f32 caches, its extra parameters
+    // the geometry, all shaped as `attend_one` checked; each thread gets whole query heads, and a
     // key/value head's cache entries are written by the thread of its first query head only.
     unsafe {
         let kernel = std::mem::transmute::<*mut std::os::raw::c_void, AttendKernel>(userdata);
         let src = |i: usize| (*dst).src[i];
-        let p = (*src(5)).data as *const i32;
-        let (n_head, n_head_kv, head_dim) = (*p as usize, *p.add(1) as usize, *p.add(2) as usize);
+        let p = extra_params(dst);
+        let (n_head, n_head_kv, head_dim) = (p[0] as usize, p[1] as usize, p[2] as usize);
         let a = AttendOne {
             qkv: (*src(0)).data as *const f32,
             q_norm: (*src(1)).data as *const f32,
@@ -1084,12 +1199,12 @@ unsafe extern "C" fn attend_one_trampoline(
             v_cache: (*src(4)).data as *mut f32,
             out: (*dst).data as *mut f32,
             n_ctx: (*src(3)).ne[2] as usize,
-            pos: *p.add(3) as usize,
+            pos: p[3] as usize,
             n_head,
             n_head_kv,
             head_dim,
-            eps: f32::from_bits(*p.add(4) as u32),
-            theta: f32::from_bits(*p.add(5) as u32),
+            eps: f32::from_bits(p[4] as u32),
+            theta: f32::from_bits(p[5] as u32),
         };
         // Whole groups of query heads per thread, so each key/value head has one writer.
         let group = n_head / n_head_kv;
@@ -1153,24 +1268,27 @@ impl Context {
                 ),
             });
         }
-        let params = self.new_i32(6)?;
-        params.write_i32(&[
-            n_head as i32,
-            n_head_kv as i32,
-            head_dim as i32,
-            pos as i32,
-            eps.to_bits() as i32,
-            theta.to_bits() as i32,
-        ])?;
-        // SAFETY: the tensors are live, contiguous f32 (the parameters i32) and shaped as the
-        // trampoline reads them (checked above); the kernel is a plain function pointer.
-        unsafe {
+        // SAFETY: the tensors are live, contiguous f32 and shaped as the trampoline reads them
+        // (checked above); the kernel is a plain function pointer.
+        let y = unsafe {
             self.custom_f32(
                 [head_dim * n_head, 1, 1, 1],
-                &[qkv, norms[0], norms[1], caches[0], caches[1], params],
+                &[qkv, norms[0], norms[1], caches[0], caches[1]],
                 attend_one_trampoline,
                 kernel as *mut std::os::raw::c_void,
             )
-        }
+        }?;
+        set_extra_params(
+            y,
+            &[
+                n_head as i32,
+                n_head_kv as i32,
+                head_dim as i32,
+                pos as i32,
+                eps.to_bits() as i32,
+                theta.to_bits() as i32,
+            ],
+        );
+        Ok(y)
     }
 }
