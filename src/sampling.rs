@@ -10,7 +10,8 @@
 //! talker; the code predictor uses none (MODEL-NOTES.md §4).
 //!
 //! Contract: a [`Sampler`] owns its scratch buffers, sized on first use; after that
-//! [`Sampler::sample`] allocates nothing, takes no lock and runs in O(n log n) of the vocabulary.
+//! [`Sampler::sample`] allocates nothing, takes no lock and runs in O(n + k log k) of the
+//! vocabulary `n` and top-k's `k` (O(n log n) without top-k).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -90,12 +91,24 @@ impl Sampler {
             }
         };
         // Descending by logit, ties by index: a total, deterministic order.
-        self.order
-            .sort_unstable_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+        let cmp = |a: &u32, b: &u32| key(*b).total_cmp(&key(*a)).then(a.cmp(b));
         let mut keep = n;
         if p.top_k > 0 && p.top_k < n {
+            // Only the kept head needs its order: the k-th found in linear time, the logits
+            // equal to it moved up behind it (ties kept), then that head sorted. The same head,
+            // in the same order, as a sort of the whole vocabulary.
+            self.order.select_nth_unstable_by(p.top_k - 1, cmp);
             let kth = key(self.order[p.top_k - 1]);
-            keep = self.order.iter().take_while(|&&i| key(i) >= kth).count();
+            keep = p.top_k;
+            for j in p.top_k..n {
+                if key(self.order[j]) >= kth {
+                    self.order.swap(j, keep);
+                    keep += 1;
+                }
+            }
+            self.order[..keep].sort_unstable_by(cmp);
+        } else {
+            self.order.sort_unstable_by(cmp);
         }
         let max = key(self.order[0]);
         if max == f32::NEG_INFINITY {

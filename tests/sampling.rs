@@ -124,3 +124,63 @@ fn seeds_reproduce_and_differ() {
     assert_eq!(run(42), run(42));
     assert_ne!(run(42), run(43));
 }
+
+/// The draw of the whole vocabulary sorted (descending, ties by index), as Hugging Face's
+/// warpers define the kept set: the reference the sampler's partial selection is held to.
+fn full_sort_draw(logits: &[f32], p: &SamplingParams, u: f64) -> u32 {
+    let key = |i: u32| logits[i as usize] / p.temperature;
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+    let kth = key(order[p.top_k - 1]);
+    let mut keep = order.iter().take_while(|&&i| key(i) >= kth).count();
+    let max = key(order[0]);
+    let mut probs: Vec<f64> = order[..keep]
+        .iter()
+        .map(|&i| ((key(i) - max) as f64).exp() as f32 as f64)
+        .collect();
+    let total: f64 = probs.iter().sum();
+    let (mut cum, mut drop) = (0f64, 0);
+    for &e in probs.iter().rev() {
+        cum += e;
+        if cum > (1.0 - p.top_p as f64) * total {
+            break;
+        }
+        drop += 1;
+    }
+    keep = (keep - drop).max(1);
+    probs.truncate(keep);
+    let mut u = u * probs.iter().sum::<f64>();
+    for (j, &e) in probs.iter().enumerate() {
+        u -= e;
+        if u < 0.0 {
+            return order[j];
+        }
+    }
+    order[keep - 1]
+}
+
+/// Top-k by partial selection draws what a sort of the whole vocabulary would, tied logits
+/// included (the logits are rounded to few values, so many tie with the k-th).
+#[test]
+fn top_k_selection_draws_as_a_full_sort_would() {
+    use rand::{Rng, SeedableRng};
+    let mut gen = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    for case in 0..300u64 {
+        let n = 2048;
+        let levels = [4.0, 16.0, 1e6][case as usize % 3];
+        let logits: Vec<f32> = (0..n)
+            .map(|_| (gen.random::<f32>() * levels).round() / levels * 8.0)
+            .collect();
+        let p = sampled(0.9, 50, [1.0, 0.8][case as usize % 2]);
+        let mut s = Sampler::new(case);
+        let mut draws = rand_chacha::ChaCha8Rng::seed_from_u64(case);
+        for _ in 0..4 {
+            let u = draws.random::<f64>();
+            assert_eq!(
+                s.sample(&logits, &p),
+                full_sort_draw(&logits, &p, u),
+                "case {case}"
+            );
+        }
+    }
+}
