@@ -416,29 +416,39 @@ fn frames_by_kernel(ty: OutType) -> Option<[([u32; 15], Vec<f32>); 4]> {
     let hidden: Vec<f32> = (0..64)
         .map(|i| ((i * 37 % 64) as f32 / 32.0) - 1.0)
         .collect();
-    let mut run = |kernel| {
-        cp.set_layer_kernel(kernel).unwrap();
-        let mut logits = Vec::new();
-        let codes = cp
-            .frame(
-                &pool,
-                &hidden,
-                7,
-                &mut |_, l| {
-                    logits.extend_from_slice(l);
-                    argmax(l)
-                },
-                None,
-            )
-            .unwrap();
-        (codes, logits)
-    };
+    let mut run = |kernel| greedy_frame(&mut cp, kernel, &pool, &hidden, 7);
     Some([
         run(LayerKernel::Packed),
         run(LayerKernel::Vnni),
         run(LayerKernel::Ggml),
         run(LayerKernel::Packed),
     ])
+}
+
+/// One greedy frame of `cp` with its layer products by `kernel`: the codes and every head's
+/// logits.
+fn greedy_frame(
+    cp: &mut CodePredictor,
+    kernel: qtts::code_predictor::LayerKernel,
+    pool: &Threadpool,
+    hidden: &[f32],
+    code0: u32,
+) -> ([u32; 15], Vec<f32>) {
+    cp.set_layer_kernel(kernel).unwrap();
+    let mut logits = Vec::new();
+    let codes = cp
+        .frame(
+            pool,
+            hidden,
+            code0,
+            &mut |_, l| {
+                logits.extend_from_slice(l);
+                argmax(l)
+            },
+            None,
+        )
+        .unwrap();
+    (codes, logits)
 }
 
 /// The largest difference between two frames' logits up to the first step whose picked codes
@@ -545,23 +555,7 @@ fn joined_products_give_the_frame_of_separate_ones() {
         assert_eq!(joined.joined(), expected, "{ty:?}");
         assert_eq!(separate.joined(), 0, "{ty:?}");
         for &kernel in &kernels {
-            let run = |cp: &mut CodePredictor| {
-                cp.set_layer_kernel(kernel).unwrap();
-                let mut logits = Vec::new();
-                let codes = cp
-                    .frame(
-                        &pool,
-                        &hidden,
-                        3,
-                        &mut |_, l| {
-                            logits.extend_from_slice(l);
-                            argmax(l)
-                        },
-                        None,
-                    )
-                    .unwrap();
-                (codes, logits)
-            };
+            let run = |cp: &mut CodePredictor| greedy_frame(cp, kernel, &pool, &hidden, 3);
             let (a, b) = (run(&mut joined), run(&mut separate));
             if kernel == LayerKernel::Packed && ty != OutType::F32 {
                 // Single rows then attend in one node (`Context::attend_one`), rounding as it
