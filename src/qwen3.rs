@@ -10,6 +10,10 @@
 //! residual stream; the caller owns the weights, the KV cache and the positions. A cached layer
 //! writes its keys and values into the caller's cache (the returned `writes` must be computed
 //! before the nodes that read them, so the caller lists them first among the graph's outputs).
+//! Under the packed kernel, one row at a position fixed in the graph over f32 caches (the code
+//! predictor's sub-steps) attends in one custom node instead, [`attend`], which writes the cache
+//! itself; the products by Rust kernels fold the input's norm and the residual add into their
+//! own nodes.
 
 use crate::code_predictor::{product_by, rust_kernel, LayerKernel};
 use crate::ffi::{AttendOne, Context, GgmlError, Tensor};
@@ -81,7 +85,9 @@ pub(crate) enum Kv<'a> {
 /// Appends one layer to a graph: `x` is the residual stream (`[n_embd, rows]`), `pos` the rows'
 /// positions (i32), `mask` the causal mask when `rows > 1` (`[n_kv, rows]`), `w(name)` the layer's
 /// tensor of that name (the joined `attn_qkv.weight` and `ffn_gate_up.weight` of
-/// `code_predictor::JOINED` where they exist, else their parts). Returns the new residual stream; cache writes are pushed to `writes`.
+/// `code_predictor::JOINED` where they exist, else their parts). Returns the new residual
+/// stream; cache writes are pushed to `writes` (none when a single row attends in one node,
+/// [`attend`], which writes the cache itself).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn layer<'a>(
     c: &'a Context,
