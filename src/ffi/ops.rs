@@ -1166,13 +1166,13 @@ pub struct AttendOne {
     pub theta: f32,
 }
 
-/// The kernel of [`Context::attend_one`]: query heads `h0..h1` of `a`, on one thread of the
-/// graph; the thread with a key/value head's first query head writes that head's key and
-/// value at `a.pos` (the others compute them too and read only the positions before).
+/// The kernel of [`Context::attend_one`]: query heads `h0..h1` of `a` (whole key/value groups),
+/// on one thread of the graph, which writes those groups' key and value at `a.pos` and reads
+/// no other group's entries.
 ///
 /// # Safety
-/// The pointers of `a` are valid for the shapes it names, and no two calls write the same
-/// elements.
+/// The pointers of `a` are valid for the shapes it names, and no two calls of one node take
+/// the same groups.
 pub type AttendKernel = unsafe fn(a: &AttendOne, h0: usize, h1: usize);
 
 /// ggml's side of [`Context::attend_one`]: splits the query heads over the graph's threads.
@@ -1184,8 +1184,8 @@ unsafe extern "C" fn attend_one_trampoline(
 ) {
     // SAFETY: `attend_one` built this node: `userdata` is an `AttendKernel`, sources 0-4 are
     // the joined product, the two norm weights and the two f32 caches, its extra parameters
-    // the geometry, all shaped as `attend_one` checked; each thread gets whole query heads, and a
-    // key/value head's cache entries are written by the thread of its first query head only.
+    // the geometry, all shaped as `attend_one` checked; each thread gets whole key/value groups,
+    // so a group's cache entries are written and read by one thread only.
     unsafe {
         let kernel = std::mem::transmute::<*mut std::os::raw::c_void, AttendKernel>(userdata);
         let src = |i: usize| (*dst).src[i];
