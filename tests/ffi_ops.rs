@@ -673,3 +673,43 @@ fn map_mat_with_folds_the_norm_and_the_residual() {
     assert_eq!(what(with(Some((short, eps)), None)), "map_mat norm");
     assert_eq!(what(with(None, Some(wrong))), "map_mat residual");
 }
+
+/// `attend_one` refuses what its kernel could not read safely: a row of another length, norms
+/// of another width, caches of other shapes or types, and a position past the caches.
+#[test]
+fn attend_one_refuses_shapes_it_cannot_read() {
+    unsafe fn never(_: &qtts::ffi::AttendOne, _: usize, _: usize) {
+        unreachable!("a refused node never runs");
+    }
+    let ctx = Context::new(1 << 20).unwrap();
+    let (nh, nkv, hd, n_ctx) = (4, 2, 8, 16);
+    let f32s = |ne: &[usize]| ctx.new_f32(ne).unwrap();
+    let qkv = f32s(&[hd * (nh + 2 * nkv)]);
+    let norm = f32s(&[hd]);
+    let (k, v) = (f32s(&[hd, nkv, n_ctx]), f32s(&[n_ctx, hd * nkv]));
+    let heads = [nh, nkv, hd];
+    let attend = |qkv, norm, k, v, pos| {
+        ctx.attend_one(qkv, [norm, norm], [k, v], pos, heads, 1e-6, 1e4, never)
+    };
+    assert!(attend(qkv, norm, k, v, n_ctx - 1).is_ok());
+    let what = |r: Result<qtts::ffi::Tensor<'_>, GgmlError>| match r {
+        Err(GgmlError::Shape { what, .. }) => what,
+        other => panic!("expected a shape error, got {other:?}"),
+    };
+    let short = f32s(&[hd * (nh + 2 * nkv) - 1]);
+    let f16 = ctx
+        .new_tensor(qtts::gguf::GgmlType::F16, &[hd, nkv, n_ctx])
+        .unwrap();
+    assert_eq!(what(attend(short, norm, k, v, 0)), "attend_one");
+    assert_eq!(what(attend(qkv, f32s(&[hd + 1]), k, v, 0)), "attend_one");
+    assert_eq!(
+        what(attend(qkv, norm, f32s(&[hd, nkv + 1, n_ctx]), v, 0)),
+        "attend_one"
+    );
+    assert_eq!(
+        what(attend(qkv, norm, k, f32s(&[n_ctx - 1, hd * nkv]), 0)),
+        "attend_one"
+    );
+    assert_eq!(what(attend(qkv, norm, f16, v, 0)), "attend_one");
+    assert_eq!(what(attend(qkv, norm, k, v, n_ctx)), "attend_one");
+}
