@@ -46,7 +46,7 @@ fn bench(c: &mut Criterion) {
                 );
             }
             for kernel in [Kernel::Scalar, simd] {
-                cp.heads_mut().set_kernel(kernel);
+                cp.set_heads_kernel(kernel);
                 g.bench_function(format!("{} weights, {kernel:?} heads", ty.name()), |b| {
                     b.iter(|| {
                         cp.frame(

@@ -132,7 +132,7 @@ fn simd_heads_are_bit_identical_to_scalar() {
         let pool = Threadpool::new(1, &[]).unwrap();
         let mut per_kernel = Vec::new();
         for k in &kernels {
-            cp.heads_mut().set_kernel(*k);
+            cp.set_heads_kernel(*k);
             let mut logits = Vec::new();
             cp.frame(
                 &pool,
@@ -574,5 +574,59 @@ fn joined_products_give_the_frame_of_separate_ones() {
                 max_abs(&a.1, &b.1)
             );
         }
+    }
+}
+
+/// Packed heads run as the last node of each sub-step's graph, on the pool's threads: every
+/// step's logits are, to the bit, the packed heads' own on that step's final hidden state (the
+/// same kernel on the same row, whatever the thread split).
+#[test]
+fn packed_heads_in_the_graphs_give_the_heads_own_logits() {
+    if !qtts::code_predictor::q4k::available() {
+        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+        return;
+    }
+    let mut cfg =
+        qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
+    let cp = &mut cfg.tts.talker_config.code_predictor_config;
+    (cp.hidden_size, cp.intermediate_size, cp.head_dim) = (256, 512, 64);
+    let (_tmp, out) = common::random_converted(&cfg, 17, OutType::Q8_0);
+    let f = GgufFile::open(&out.mmproj).unwrap();
+    let mut cp = CodePredictor::load(&f).unwrap();
+    assert!(!cp.heads_in_graph());
+    assert!(cp.pack_heads());
+    assert!(cp.heads_in_graph());
+    let pool = Threadpool::new(2, &[]).unwrap();
+    let hidden: Vec<f32> = (0..64)
+        .map(|i| ((i * 13 % 64) as f32 / 32.0) - 1.0)
+        .collect();
+    let mut logits = Vec::new();
+    let mut states = Vec::new();
+    cp.frame(
+        &pool,
+        &hidden,
+        5,
+        &mut |_, l| {
+            logits.extend_from_slice(l);
+            argmax(l)
+        },
+        Some(&mut states),
+    )
+    .unwrap();
+    let (w, n) = (256, logits.len() / 15);
+    let mut own = vec![0f32; n];
+    for step in 0..15 {
+        // Step 0 sees positions 0 and 1, step k position k + 1: its last row is k + 1's.
+        let last = &states[(step + 1) * w..(step + 2) * w];
+        cp.heads().logits(step, last, &mut own);
+        let graph = &logits[step * n..(step + 1) * n];
+        assert!(
+            graph
+                .iter()
+                .zip(&own)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "step {step}: {}",
+            max_abs(graph, &own)
+        );
     }
 }

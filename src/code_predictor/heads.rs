@@ -381,6 +381,14 @@ impl Heads {
         matches!(self.weights, HeadWeights::Q8(_) | HeadWeights::Q8Packed(_))
     }
 
+    /// The packed heads' bytes, head after head (`n_codes` packed rows each), when packed.
+    pub(crate) fn packed_bytes(&mut self) -> Option<&mut [u8]> {
+        match &mut self.weights {
+            HeadWeights::Q8Packed(b) => Some(b),
+            _ => None,
+        }
+    }
+
     /// Whether the weights are packed for [`super::q8::mat_packed`].
     pub fn is_packed(&self) -> bool {
         matches!(self.weights, HeadWeights::Q8Packed(_))

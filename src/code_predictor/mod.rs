@@ -295,6 +295,9 @@ pub struct CodePredictor {
     geometry: Geometry,
     /// The graphs; declared before `weights`, so they are dropped first.
     steps: Vec<OwnedGraph>,
+    /// With packed heads, one tensor per head over `heads`' bytes (`head.{k}`), which the
+    /// graphs multiply by; declared after the graphs and before `heads`, so dropped between.
+    heads_ctx: Option<Context>,
     heads: Heads,
     logits: Vec<f32>,
     last: Vec<f32>,
@@ -416,7 +419,7 @@ impl CodePredictor {
         }
         let heads = load_heads(f, &g)?;
         f.release(HEAD);
-        let steps = build_steps(&weights, &g, kernel)?;
+        let steps = build_steps(&weights, None, &g, kernel)?;
         let profile = std::env::var_os("QTTS_PROFILE")
             .is_some_and(|v| v == "1")
             .then(|| Profile {
@@ -432,6 +435,7 @@ impl CodePredictor {
             row: vec![0.0; g.n_talker],
             profile,
             kernel,
+            heads_ctx: None,
             weights,
         })
     }
@@ -460,7 +464,12 @@ impl CodePredictor {
             repack(ty, &mut bytes, w.ne()[1], will.is_some());
             w.write_bytes(&bytes).map_err(ModelError::from)?;
         }
-        self.steps = build_steps(&self.weights, &self.geometry, kernel)?;
+        self.steps = build_steps(
+            &self.weights,
+            self.heads_ctx.as_ref(),
+            &self.geometry,
+            kernel,
+        )?;
         self.kernel = kernel;
         Ok(())
     }
@@ -486,6 +495,10 @@ impl CodePredictor {
     /// Stores the sample heads as q8_0 from now on (a quarter of their memory traffic; logits within
     /// quantization error of the f32 ones). Fails when the width is not a multiple of 32.
     pub fn use_q8_heads(&mut self) -> Result<(), ModelError> {
+        if self.heads.is_packed() {
+            // Packed heads are q8_0 already (and the graphs may read their bytes).
+            return Ok(());
+        }
         let q = self.heads.to_q8().ok_or_else(|| ModelError::Unsupported {
             what: "q8_0 sample heads".into(),
             expected: "a code-predictor width that is a multiple of 32".into(),
@@ -498,16 +511,61 @@ impl CodePredictor {
     /// Packs q8_0 sample heads for [`q8::mat_packed`] ([`Heads::to_packed`]): the heads several
     /// times faster, their logits no longer the same on every CPU. Does nothing to f32 heads
     /// (which stay exact) or without the CPU's features; returns whether the heads are packed.
+    ///
+    /// Packed heads are multiplied by each sub-step's graph, as its last node, on the pool's
+    /// threads; when those graphs cannot be built, by this thread between the graphs.
     pub fn pack_heads(&mut self) -> bool {
         if let Some(p) = self.heads.to_packed() {
             self.heads = p;
+            // Without the graph heads the packed heads still run, on this thread.
+            let _ = self.heads_in_graphs();
         }
         self.heads.is_packed()
     }
 
-    /// The sample heads (to choose their kernel).
-    pub fn heads_mut(&mut self) -> &mut Heads {
-        &mut self.heads
+    /// Rebuilds the frame's graphs with the packed heads as their last node.
+    fn heads_in_graphs(&mut self) -> Result<(), ModelError> {
+        let g = self.geometry;
+        let Some(bytes) = self.heads.packed_bytes() else {
+            return Ok(());
+        };
+        let per_head = bytes.len() / g.n_groups.max(1);
+        let ctx = Context::unallocated(g.n_groups).map_err(ModelError::from)?;
+        for k in 0..g.n_groups {
+            // SAFETY: the tensors view the packed heads' bytes, which `self.heads` owns and
+            // keeps (it is replaced only by `use_q8_heads`, which leaves packed heads alone) for
+            // as long as `self.heads_ctx` and the graphs that read it live (field order drops
+            // them first); nothing writes them.
+            let t = unsafe {
+                ctx.tensor_over(
+                    GgmlType::Q8_0,
+                    &[g.n_embd, g.n_codes],
+                    bytes.as_mut_ptr().add(k * per_head),
+                    per_head,
+                )
+            }
+            .map_err(ModelError::from)?;
+            t.set_name(&format!("head.{k}"));
+        }
+        self.steps = build_steps(&self.weights, Some(&ctx), &g, self.kernel)?;
+        self.heads_ctx = Some(ctx);
+        Ok(())
+    }
+
+    /// Whether the sample heads run as the last node of each sub-step's graph (packed heads,
+    /// [`CodePredictor::pack_heads`]).
+    pub fn heads_in_graph(&self) -> bool {
+        self.heads_ctx.is_some()
+    }
+
+    /// The sample heads.
+    pub fn heads(&self) -> &Heads {
+        &self.heads
+    }
+
+    /// Chooses the kernel of the sample heads that run on this thread (f32 and q8_0 heads).
+    pub fn set_heads_kernel(&mut self, kernel: Kernel) {
+        self.heads.set_kernel(kernel);
     }
 
     /// Runs one frame: `hidden` is the talker's final-normed hidden state (width `n_talker`),
@@ -574,7 +632,14 @@ impl CodePredictor {
                 .ok_or_else(|| missing("out.last"))?;
             t.read_f32(last).map_err(ModelError::from)?;
             lap(|p| &mut p.copies, step, &mut self.profile);
-            self.heads.logits(step, last, logits);
+            if self.heads_ctx.is_some() {
+                let t = graph
+                    .tensor("out.logits")
+                    .ok_or_else(|| missing("out.logits"))?;
+                t.read_f32(logits).map_err(ModelError::from)?;
+            } else {
+                self.heads.logits(step, last, logits);
+            }
             lap(|p| &mut p.heads, step, &mut self.profile);
             if let Some(h) = hidden_out.as_deref_mut() {
                 let t = graph
@@ -676,7 +741,7 @@ impl CodePredictor {
         let mut last = vec![0f32; g.n_embd];
         let mut logits = vec![0f32; g.n_codes];
         for step in 0..POSITIONS - 1 {
-            let mut graph = build_step(&self.weights, &g, step, false, self.kernel)
+            let mut graph = build_step(&self.weights, None, &g, step, false, self.kernel)
                 .map_err(ModelError::from)?;
             let t = |n: &str| {
                 graph.tensor(n).ok_or_else(|| {
@@ -757,6 +822,7 @@ fn load_heads(f: &GgufFile, g: &Geometry) -> Result<Heads, ModelError> {
 /// tested against.
 fn build_step(
     w: &Context,
+    heads: Option<&Context>,
     g: &Geometry,
     step: usize,
     cached: bool,
@@ -855,6 +921,20 @@ fn build_step(
             let last = c.cont(last)?.set_name("out.last");
             outs.push(hidden);
             outs.push(last);
+            // The step's sample head as the graph's last node, on the pool's threads
+            // (`CodePredictor::pack_heads`).
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = heads;
+            #[cfg(target_arch = "x86_64")]
+            if let Some(h) = heads.filter(|_| cached) {
+                let head = h.get(&format!("head.{step}")).ok_or(GgmlError::Shape {
+                    what: "sample head",
+                    expected: format!("head.{step}"),
+                    found: "none".into(),
+                })?;
+                let logits = c.map_mat_in::<{ quant::GROUP }>(head, last, q8::mat_packed)?;
+                outs.push(logits.set_name("out.logits"));
+            }
             Ok(outs.into_iter().map(|t| t.node()).collect())
         })
     }
@@ -863,11 +943,12 @@ fn build_step(
 /// The cached graphs of a frame's 15 steps (see [`build_step`]).
 fn build_steps(
     w: &Context,
+    heads: Option<&Context>,
     g: &Geometry,
     kernel: LayerKernel,
 ) -> Result<Vec<OwnedGraph>, ModelError> {
     (0..POSITIONS - 1)
-        .map(|step| build_step(w, g, step, true, kernel).map_err(ModelError::from))
+        .map(|step| build_step(w, heads, g, step, true, kernel).map_err(ModelError::from))
         .collect()
 }
 

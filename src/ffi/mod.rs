@@ -682,6 +682,49 @@ impl Context {
         self.wrap(p, bytes)
     }
 
+    /// A context of at most `n_tensors` tensors that get no memory of their own: views of the
+    /// caller's ([`Context::tensor_over`]).
+    pub fn unallocated(n_tensors: usize) -> Result<Self, GgmlError> {
+        // SAFETY: pure function.
+        let per = unsafe { sys::ggml_tensor_overhead() } + 64;
+        Self::with_alloc(n_tensors * per + 1024, true)
+    }
+
+    /// A tensor of type `ty` and shape `ne` whose data are the `len` bytes at `data`, in place
+    /// (an [`Context::unallocated`] context's; refused elsewhere, or when `len` is not the
+    /// tensor's size).
+    ///
+    /// # Safety
+    /// The bytes stay valid, and nothing else writes them, for as long as a graph that uses the
+    /// tensor may run.
+    pub unsafe fn tensor_over(
+        &self,
+        ty: crate::gguf::GgmlType,
+        ne: &[usize],
+        data: *mut u8,
+        len: usize,
+    ) -> Result<Tensor<'_>, GgmlError> {
+        if !self.no_alloc {
+            return Err(GgmlError::Shape {
+                what: "tensor_over",
+                expected: "a context without memory of its own (Context::unallocated)".into(),
+                found: "an allocating context".into(),
+            });
+        }
+        let t = self.new_tensor(ty, ne)?;
+        if t.nbytes() != len || data.is_null() {
+            return Err(GgmlError::Shape {
+                what: "tensor_over",
+                expected: format!("{} bytes for {ty} {ne:?}", t.nbytes()),
+                found: format!("{len} bytes"),
+            });
+        }
+        // SAFETY: the tensor is live and has no data of its own; the caller vouches for the
+        // bytes, which are exactly its size.
+        unsafe { (*t.ptr.as_ptr()).data = data.cast() };
+        Ok(t)
+    }
+
     /// A new i32 tensor of `n` values (row indices, positions).
     pub fn new_i32(&self, n: usize) -> Result<Tensor<'_>, GgmlError> {
         self.new_tensor(crate::gguf::GgmlType::I32, &[n])
