@@ -342,6 +342,23 @@ impl Default for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// The code predictor of `mmproj` as this configuration runs it: q8_0 heads when
+    /// `q8_heads`, its layer products by `cp_kernel`, and under [`LayerKernel::Packed`] its q8_0
+    /// heads packed too.
+    fn load_code_predictor(&self, mmproj: &GgufFile) -> Result<CodePredictor, EngineError> {
+        let mut cp = CodePredictor::load(mmproj)?;
+        if self.q8_heads {
+            cp.use_q8_heads()?;
+        }
+        cp.set_layer_kernel(self.cp_kernel)?;
+        if self.cp_kernel == LayerKernel::Packed {
+            cp.pack_heads();
+        }
+        Ok(cp)
+    }
+}
+
 /// One synthesis request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
@@ -1141,14 +1158,7 @@ fn cp_thread(
     let setup = (|| -> Result<(Threadpool, Option<Threadpool>, CodePredictor), EngineError> {
         let pool = pin(&cfg.plan.cp, loan.as_ref())?;
         let burst = burst_pool(&cfg, &cfg.plan.cp)?;
-        let mut cp = CodePredictor::load(&GgufFile::open(&files.mmproj)?)?;
-        if cfg.q8_heads {
-            cp.use_q8_heads()?;
-        }
-        cp.set_layer_kernel(cfg.cp_kernel)?;
-        if cfg.cp_kernel == LayerKernel::Packed {
-            cp.pack_heads();
-        }
+        let cp = cfg.load_code_predictor(&GgufFile::open(&files.mmproj)?)?;
         Ok((pool, burst, cp))
     })();
     let Some((pool, burst, mut cp)) = announce(ready, setup) else {

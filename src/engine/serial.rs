@@ -8,7 +8,7 @@ use super::{
     decode_and_write, plan_request, EngineConfig, EngineError, ModelFiles, Request, Summary,
 };
 use crate::audio::{AudioSink, FRAME_SAMPLES};
-use crate::code_predictor::{CodePredictor, LayerKernel};
+use crate::code_predictor::CodePredictor;
 use crate::ffi::Threadpool;
 use crate::gguf::GgufFile;
 use crate::metrics::Metrics;
@@ -34,14 +34,7 @@ impl Serial {
         threads: usize,
     ) -> Result<Self, EngineError> {
         let mmproj = GgufFile::open(&files.mmproj)?;
-        let mut cp = CodePredictor::load(&mmproj)?;
-        if config.q8_heads {
-            cp.use_q8_heads()?;
-        }
-        cp.set_layer_kernel(config.cp_kernel)?;
-        if config.cp_kernel == LayerKernel::Packed {
-            cp.pack_heads();
-        }
+        let cp = config.load_code_predictor(&mmproj)?;
         let mut voc = config.decoder.load(&mmproj, config.exact)?;
         voc.set_max_chunk(config.decoder_chunk.max(1));
         Ok(Serial {
