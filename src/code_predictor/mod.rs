@@ -227,7 +227,7 @@ pub const JOINED: [(&str, &[&str]); 2] = [
 /// packed kernels take, rows of the same length, and each part's rows in whole packing groups,
 /// so that packing the joined matrix packs each part as it would alone (any kernel then reads
 /// it: ggml's and the row kernels see the parts' rows one after the other).
-pub(crate) fn joinable<'h>(f: &'h GgufFile, parts: &[String]) -> Option<Vec<&'h TensorInfo>> {
+fn joinable<'h>(f: &'h GgufFile, parts: &[String]) -> Option<Vec<&'h TensorInfo>> {
     let infos = parts
         .iter()
         .map(|n| f.header.tensor(n))
@@ -244,30 +244,40 @@ pub(crate) fn joinable<'h>(f: &'h GgufFile, parts: &[String]) -> Option<Vec<&'h 
     ok.then_some(infos)
 }
 
-/// Writes the matrix joined from `parts` (their file tensors, from [`joinable`]) into `ctx` as
-/// `name`, packed when `kernel` packs it, and releases the parts' pages.
-pub(crate) fn write_joined(
+/// Writes one layer's [`JOINED`] matrices into `ctx`, each where [`joinable`] allows: `file(m)`
+/// is the file's name of the layer's matrix `m` (`attn_q.weight`, ...), `name(m)` the context's;
+/// packed when `kernel` packs them. Returns the file names of the parts written (the caller
+/// copies the layer's other tensors) and releases their pages.
+pub(crate) fn write_layer_joined(
     ctx: &Context,
     f: &GgufFile,
-    name: &str,
-    parts: &[&TensorInfo],
+    file: &dyn Fn(&str) -> String,
+    name: &dyn Fn(&str) -> String,
     kernel: LayerKernel,
-) -> Result<(), ModelError> {
-    let (ty, k) = (parts[0].ty, parts[0].ne[0] as usize);
-    let n: usize = parts.iter().map(|t| t.ne[1] as usize).sum();
-    let mut bytes = Vec::with_capacity(parts.iter().map(|t| t.nbytes as usize).sum());
-    for t in parts {
-        let missing = || ModelError::MissingTensor {
-            path: f.path().into(),
-            tensor: t.name.clone(),
+) -> Result<Vec<String>, ModelError> {
+    let mut written = Vec::new();
+    for (joined, parts) in JOINED {
+        let parts: Vec<String> = parts.iter().map(|p| file(p)).collect();
+        let Some(infos) = joinable(f, &parts) else {
+            continue;
         };
-        bytes.extend_from_slice(f.tensor_data(&t.name).ok_or_else(missing)?);
-        f.release(&t.name);
+        let (ty, k) = (infos[0].ty, infos[0].ne[0] as usize);
+        let n: usize = infos.iter().map(|t| t.ne[1] as usize).sum();
+        let mut bytes = Vec::with_capacity(infos.iter().map(|t| t.nbytes as usize).sum());
+        for t in &infos {
+            let missing = || ModelError::MissingTensor {
+                path: f.path().into(),
+                tensor: t.name.clone(),
+            };
+            bytes.extend_from_slice(f.tensor_data(&t.name).ok_or_else(missing)?);
+            f.release(&t.name);
+        }
+        let w = ctx.new_tensor(ty, &[k, n]).map_err(ModelError::from)?;
+        write_product_weight(w, ty, bytes.into(), kernel).map_err(ModelError::from)?;
+        w.set_name(&name(joined));
+        written.extend(parts);
     }
-    let w = ctx.new_tensor(ty, &[k, n]).map_err(ModelError::from)?;
-    write_product_weight(w, ty, &bytes, kernel).map_err(ModelError::from)?;
-    w.set_name(name);
-    Ok(())
+    Ok(written)
 }
 
 /// Writes a layer product's weight `w` from the file's bytes `data`, packed for
@@ -276,16 +286,16 @@ pub(crate) fn write_joined(
 pub(crate) fn write_product_weight(
     w: Tensor<'_>,
     ty: GgmlType,
-    data: &[u8],
+    data: std::borrow::Cow<'_, [u8]>,
     kernel: LayerKernel,
 ) -> Result<(), GgmlError> {
     let ne = w.ne();
     if packs(kernel, ty, &ne) && data.len() == w.nbytes() {
-        let mut packed = data.to_vec();
+        let mut packed = data.into_owned();
         repack(ty, &mut packed, ne[1], true);
         w.write_bytes(&packed)
     } else {
-        w.write_bytes(data)
+        w.write_bytes(&data)
     }
 }
 
@@ -378,28 +388,17 @@ impl CodePredictor {
         let kernel = LayerKernel::fastest();
         let products = product_names(g.n_layer);
         let mut joined = Vec::new();
-        for l in 0..g.n_layer {
-            for (name, parts) in JOINED {
-                let parts: Vec<String> = parts
-                    .iter()
-                    .map(|p| format!("a.gen.code.blk.{l}.{p}"))
-                    .collect();
-                if let Some(infos) = joinable(f, &parts).filter(|_| join) {
-                    joined.push((format!("a.gen.code.blk.{l}.{name}"), infos));
-                }
-            }
+        for l in (0..g.n_layer).filter(|_| join) {
+            let name = |m: &str| format!("a.gen.code.blk.{l}.{m}");
+            joined.extend(write_layer_joined(&weights, f, &name, &name, kernel)?);
         }
-        let is_part = |n: &str| joined.iter().any(|(_, p)| p.iter().any(|t| t.name == n));
-        for (name, parts) in &joined {
-            write_joined(&weights, f, name, parts, kernel)?;
-        }
-        for t in code.iter().filter(|t| !is_part(&t.name)) {
+        for t in code.iter().filter(|t| !joined.contains(&t.name)) {
             let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
             let w = weights.new_tensor(t.ty, &ne).map_err(ModelError::from)?;
             // The validated header guarantees the data is inside the file.
             let data = f.tensor_data(&t.name).unwrap_or_default();
             if products.contains(&t.name) {
-                write_product_weight(w, t.ty, data, kernel).map_err(ModelError::from)?;
+                write_product_weight(w, t.ty, data.into(), kernel).map_err(ModelError::from)?;
             } else {
                 w.write_bytes(data).map_err(ModelError::from)?;
             }

@@ -18,7 +18,7 @@
 
 use super::CODEC_VOCAB;
 use crate::code_predictor::{
-    joinable, layer_product, write_joined, write_product_weight, LayerKernel, JOINED,
+    layer_product, write_layer_joined, write_product_weight, LayerKernel, JOINED,
 };
 use crate::error::ModelError;
 use crate::ffi::{Context, GgmlError, OwnedGraph, Tensor, Threadpool};
@@ -124,17 +124,14 @@ impl Layers {
             }
             let ctx = Context::new(bytes as usize + (layer_names.len() + 4) * 1024 + (64 << 10))
                 .map_err(ModelError::from)?;
-            let mut parts_written = Vec::new();
-            for (name, parts) in JOINED {
-                let parts: Vec<String> = parts.iter().map(|p| file_name(p)).collect();
-                if let Some(infos) = joinable(f, &parts).filter(|_| join) {
-                    write_joined(&ctx, f, name, &infos, kernel)?;
-                    parts_written.extend(parts);
-                }
-            }
+            let joined = if join {
+                write_layer_joined(&ctx, f, &file_name, &|m| m.to_string(), kernel)?
+            } else {
+                Vec::new()
+            };
             for n in &layer_names {
                 let name = file_name(n);
-                if parts_written.contains(&name) {
+                if joined.contains(&name) {
                     continue;
                 }
                 let t = h.tensor(&name).ok_or_else(|| missing(&name))?;
@@ -143,7 +140,7 @@ impl Layers {
                 // The validated header guarantees the data is inside the file.
                 let data = f.tensor_data(&name).ok_or_else(|| missing(&name))?;
                 if MATRICES.contains(n) {
-                    write_product_weight(w, t.ty, data, kernel).map_err(ModelError::from)?;
+                    write_product_weight(w, t.ty, data.into(), kernel).map_err(ModelError::from)?;
                 } else {
                     w.write_bytes(data).map_err(ModelError::from)?;
                 }
@@ -176,7 +173,7 @@ impl Layers {
         let w = top
             .new_tensor(head.ty, &[n_embd, CODEC_VOCAB])
             .map_err(ModelError::from)?;
-        write_product_weight(w, head.ty, codec, kernel).map_err(ModelError::from)?;
+        write_product_weight(w, head.ty, codec.into(), kernel).map_err(ModelError::from)?;
         w.set_name("output.weight");
         f.release("output.weight");
         weights.push(top);
