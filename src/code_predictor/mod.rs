@@ -626,17 +626,19 @@ impl CodePredictor {
             lap(|p| &mut p.copies, step, &mut self.profile);
             graph.compute(pool).map_err(ModelError::from)?;
             lap(|p| &mut p.compute, step, &mut self.profile);
-            let t = graph
-                .tensor("out.last")
-                .ok_or_else(|| missing("out.last"))?;
-            t.read_f32(last).map_err(ModelError::from)?;
-            lap(|p| &mut p.copies, step, &mut self.profile);
             if self.heads_ctx.is_some() {
+                // The graph's last node was the head.
                 let t = graph
                     .tensor("out.logits")
                     .ok_or_else(|| missing("out.logits"))?;
                 t.read_f32(logits).map_err(ModelError::from)?;
+                lap(|p| &mut p.copies, step, &mut self.profile);
             } else {
+                let t = graph
+                    .tensor("out.last")
+                    .ok_or_else(|| missing("out.last"))?;
+                t.read_f32(last).map_err(ModelError::from)?;
+                lap(|p| &mut p.copies, step, &mut self.profile);
                 self.heads.logits(step, last, logits);
             }
             lap(|p| &mut p.heads, step, &mut self.profile);
