@@ -369,11 +369,7 @@ const MAX_ATTEND: usize = 64;
 /// `x` RMS-normed, times `w`, NeoX-roped at `pos`, into `out`.
 fn norm_rope(x: &[f32], w: &[f32], eps: f32, theta: f32, pos: usize, out: &mut [f32]) {
     let n = x.len();
-    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let r = 1.0 / ((sum / n as f64) as f32 + eps).sqrt();
-    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * r * g;
-    }
+    crate::ffi::rms_norm_row(x, w, eps, out);
     let half = n / 2;
     let step = theta.powf(-2.0 / n as f32);
     let mut angle = pos as f32;

@@ -20,6 +20,7 @@ use std::sync::{Arc, Condvar, Mutex, Once};
 
 pub mod amx;
 mod ops;
+pub(crate) use ops::rms_norm_row;
 pub use ops::{AttendKernel, AttendOne, MatKernel, RowKernel3};
 
 pub use llama_cpp_sys_2 as sys;

@@ -979,16 +979,21 @@ std::thread_local! {
     static NORMED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Each row of `x` (rows of `g.len()` values) RMS-normed and times `g`, into `out` (resized), as
-/// ggml's `rms_norm` then `mul` compute it (the sum of squares in f64).
+/// Each row of `x` (rows of `g.len()` values) RMS-normed and times `g`, into `out` (resized).
 fn rms_norm_rows(x: &[f32], g: &[f32], eps: f32, out: &mut Vec<f32>) {
     out.resize(x.len(), 0.0);
     for (row, o) in x.chunks_exact(g.len()).zip(out.chunks_exact_mut(g.len())) {
-        let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
-        let scale = 1.0 / ((sum / g.len() as f64) as f32 + eps).sqrt();
-        for ((o, &v), &w) in o.iter_mut().zip(row).zip(g) {
-            *o = v * scale * w;
-        }
+        rms_norm_row(row, g, eps, o);
+    }
+}
+
+/// `row` RMS-normed and times `g`, into `out`, as ggml's `rms_norm` then `mul` compute it (the
+/// sum of squares in f64): the norm the Rust kernels fold into their nodes.
+pub(crate) fn rms_norm_row(row: &[f32], g: &[f32], eps: f32, out: &mut [f32]) {
+    let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
+    let scale = 1.0 / ((sum / row.len() as f64) as f32 + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(row).zip(g) {
+        *o = v * scale * w;
     }
 }
 
