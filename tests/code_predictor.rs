@@ -468,29 +468,37 @@ fn max_abs_until_parted(a: &([u32; 15], Vec<f32>), b: &([u32; 15], Vec<f32>)) ->
     e
 }
 
-/// q4_K layers: the kernel on rows packed 16 at a time (the default where the CPU has AVX-512
-/// VNNI) gives the frame of the kernel on the file's rows (the same integer products, summed in
-/// another order), and switching kernels packs and unpacks the matrices in place: back on the
-/// packed kernel, the frame is the same to the bit.
-#[test]
-fn packed_q4k_layers_give_the_frame_of_the_file_s_rows() {
-    let Some([packed, rows, ggml, again]) = frames_by_kernel(OutType::Q4K) else {
+/// The frames of `frames_by_kernel(ty)`: the packed kernel gives the frame of the kernel on the
+/// file's rows within 1e-4 of the largest logit and with the same codes (the same integer
+/// products summed in another order; the packed kernel's single rows also attend in one node,
+/// `qwen3::attend`, which rounds as it sums), switching kernels packs and unpacks the matrices
+/// in place (back on the packed kernel, the frame is the same to the bit), and ggml, which
+/// quantizes the inputs its own way, is close until the picks part.
+fn check_packed_against_rows(ty: OutType) {
+    let Some([packed, rows, ggml, again]) = frames_by_kernel(ty) else {
         return;
     };
     let scale = packed.1.iter().fold(0f32, |a, v| a.max(v.abs()));
     let e = max_abs(&packed.1, &rows.1);
-    eprintln!("packed vs file rows: max {e:e} of {scale}");
+    eprintln!("packed {ty:?} vs file rows: max {e:e} of {scale}");
     assert!(e <= 1e-4 * scale.max(1.0), "packed vs file rows: {e}");
     assert_eq!(packed.0, rows.0, "codes, packed vs file rows");
     assert_eq!(packed, again, "packed, unpacked for ggml, packed again");
-    // ggml quantizes the inputs its own way: close, not equal.
     let e = max_abs_until_parted(&packed, &ggml);
     assert!(e <= 0.05 * scale, "packed vs ggml: {e} of {scale}");
 }
 
+/// q4_K layers on rows packed 16 at a time (`q4k16::mat_vnni`, the default where the CPU has
+/// AVX-512 VNNI) against the kernel on the file's rows and ggml's (`check_packed_against_rows`).
+#[test]
+fn packed_q4k_layers_give_the_frame_of_the_file_s_rows() {
+    check_packed_against_rows(OutType::Q4K);
+}
+
 /// q5_K layers: the packed kernel (`q4k16::mat_vnni5`) gives ggml's frame within the inputs'
 /// different quantization (ggml computes the q5_K products for the other two kernels), up to
-/// the first step where their picks part (see `max_abs_until_parted`), and packing and unpacking in place returns the same frame to the bit.
+/// the first step where their picks part (see `max_abs_until_parted`), and packing and unpacking
+/// in place returns the same frame to the bit.
 #[test]
 fn packed_q5k_layers_give_ggml_s_frame() {
     let Some([packed, rows, ggml, again]) = frames_by_kernel(OutType::Q5K) else {
@@ -505,23 +513,11 @@ fn packed_q5k_layers_give_ggml_s_frame() {
     }
 }
 
-/// q8_0 layers: the kernel on rows packed 16 at a time (`q8::mat_packed`, the default where the
-/// CPU has AVX-512 VNNI) gives the frame of the kernel on the file's rows (the same integer
-/// products, summed in another order) and ggml's within its own input rounding until their picks
-/// part, and packing and unpacking in place returns the same frame to the bit.
+/// q8_0 layers on rows packed 16 at a time (`q8::mat_packed`, the default where the CPU has
+/// AVX-512 VNNI) against the kernel on the file's rows and ggml's (`check_packed_against_rows`).
 #[test]
 fn packed_q8_0_layers_give_the_frame_of_the_file_s_rows() {
-    let Some([packed, rows, ggml, again]) = frames_by_kernel(OutType::Q8_0) else {
-        return;
-    };
-    let scale = packed.1.iter().fold(0f32, |a, v| a.max(v.abs()));
-    let e = max_abs(&packed.1, &rows.1);
-    eprintln!("packed q8_0 vs file rows: max {e:e} of {scale}");
-    assert!(e <= 1e-4 * scale.max(1.0), "packed vs file rows: {e}");
-    assert_eq!(packed.0, rows.0, "codes, packed vs file rows");
-    assert_eq!(packed, again, "packed, unpacked for ggml, packed again");
-    let e = max_abs_until_parted(&packed, &ggml);
-    assert!(e <= 0.05 * scale, "packed vs ggml: {e} of {scale}");
+    check_packed_against_rows(OutType::Q8_0);
 }
 
 /// The layers' q/k/v and gate/up matrices joined into one product each (the default, see
