@@ -30,8 +30,8 @@ use std::cell::RefCell;
 
 use super::q4k::{BLOCK, BLOCK_BYTES};
 #[cfg(target_arch = "x86_64")]
-use super::quant::drive_groups;
-use super::quant::{quantize_block, with_inputs, Fill};
+use super::quant::mat_groups;
+use super::quant::{quantize_block, Fill};
 
 /// Rows per packed group.
 pub const GROUP: usize = super::quant::GROUP;
@@ -273,24 +273,10 @@ unsafe fn mat<const Q5: bool>(
     y: *mut f32,
     y_stride: usize,
 ) {
+    let dots = (vnni::dots::<1, Q5> as _, vnni::dots::<2, Q5> as _);
     // SAFETY: the caller's contract: n / GROUP groups of GROUP · row_bytes bytes at w, m inputs
     // of k floats, outputs within y's rows.
-    unsafe {
-        with_inputs(&SCRATCH, x, k, m, |inputs| {
-            let (one, two) = (vnni::dots::<1, Q5>, vnni::dots::<2, Q5>);
-            drive_groups(
-                w,
-                GROUP * row_bytes,
-                n,
-                k / BLOCK,
-                inputs,
-                y,
-                y_stride,
-                one,
-                two,
-            )
-        })
-    }
+    unsafe { mat_groups(&SCRATCH, BLOCK, dots, w, row_bytes, n, k, x, m, y, y_stride) }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -29,7 +29,7 @@
 use std::cell::RefCell;
 
 #[cfg(target_arch = "x86_64")]
-use super::quant::{drive, drive_groups, Dots};
+use super::quant::{drive, mat_groups, Dots};
 use super::quant::{quantize_block, with_inputs, Fill};
 
 /// Weights per q8_0 block.
@@ -235,24 +235,10 @@ pub unsafe fn mat_packed(
     y: *mut f32,
     y_stride: usize,
 ) {
+    let dots = (vnni::packed::<1> as _, vnni::packed::<2> as _);
     // SAFETY: the caller's contract: n / GROUP groups of GROUP · row_bytes bytes at w, m inputs
     // of k floats, outputs within y's rows.
-    unsafe {
-        with_inputs(&SCRATCH, x, k, m, |inputs| {
-            let (one, two) = (vnni::packed::<1>, vnni::packed::<2>);
-            drive_groups(
-                w,
-                GROUP * row_bytes,
-                n,
-                k / BLOCK,
-                inputs,
-                y,
-                y_stride,
-                one,
-                two,
-            )
-        })
-    }
+    unsafe { mat_groups(&SCRATCH, BLOCK, dots, w, row_bytes, n, k, x, m, y, y_stride) }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -110,45 +110,53 @@ pub(super) const GROUP: usize = 16;
 pub(super) type GroupDots<P, const M: usize> =
     unsafe fn(grp: *const u8, nb: usize, ps: [&P; M]) -> [[f32; GROUP]; M];
 
-/// Every product of the `n / GROUP` packed groups at `w` (`group_bytes` apart, `nb` blocks each)
-/// with `inputs`, output `j` of row `r` at `y[j · y_stride + r]`, by the kernels for one input and
-/// for two (`one`, `two`: two inputs at a time share each group's decoding).
+/// A group kernel's [`crate::ffi::MatKernel`]: the `m` inputs at `x` quantized into `scratch`
+/// (this thread's), then every product of the `n / GROUP` packed groups at `w` (`row_bytes` a
+/// row, blocks of `block` weights) with them, output `j` of row `r` at `y[j · y_stride + r]`, by
+/// the kernels for one input and for two (`dots`: two inputs at a time share each group's
+/// decoding).
 ///
 /// # Safety
-/// As [`crate::ffi::MatKernel`], with `w` at `n / GROUP` whole groups and `inputs` prepared from
-/// its `m` input rows, on a CPU with the kernel's features.
+/// As [`crate::ffi::MatKernel`], with `w` at `n / GROUP` whole groups of the kernels' packing and
+/// `k` a multiple of `block`, on a CPU with the kernels' features.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn drive_groups<P>(
+pub(super) unsafe fn mat_groups<P: Fill>(
+    scratch: &'static LocalKey<RefCell<Vec<P>>>,
+    block: usize,
+    dots: (GroupDots<P, 1>, GroupDots<P, 2>),
     w: *const u8,
-    group_bytes: usize,
+    row_bytes: usize,
     n: usize,
-    nb: usize,
-    inputs: &[P],
+    k: usize,
+    x: *const f32,
+    m: usize,
     y: *mut f32,
     y_stride: usize,
-    one: GroupDots<P, 1>,
-    two: GroupDots<P, 2>,
 ) {
+    let (one, two) = dots;
+    let (group_bytes, nb) = (GROUP * row_bytes, k / block);
     // SAFETY: the caller's contract; every group stays below n / GROUP, every input below m.
     unsafe {
-        for grp in 0..n / GROUP {
-            let (gw, r0) = (w.add(grp * group_bytes), grp * GROUP);
-            let put = |j: usize, out: &[f32; GROUP]| {
-                std::ptr::copy_nonoverlapping(out.as_ptr(), y.add(j * y_stride + r0), GROUP)
-            };
-            let mut j = 0;
-            while j < inputs.len() {
-                if j + 2 <= inputs.len() {
-                    let out = two(gw, nb, [&inputs[j], &inputs[j + 1]]);
-                    put(j, &out[0]);
-                    put(j + 1, &out[1]);
-                    j += 2;
-                } else {
-                    put(j, &one(gw, nb, [&inputs[j]])[0]);
-                    j += 1;
+        with_inputs(scratch, x, k, m, |inputs| {
+            for grp in 0..n / GROUP {
+                let (gw, r0) = (w.add(grp * group_bytes), grp * GROUP);
+                let put = |j: usize, out: &[f32; GROUP]| {
+                    std::ptr::copy_nonoverlapping(out.as_ptr(), y.add(j * y_stride + r0), GROUP)
+                };
+                let mut j = 0;
+                while j < inputs.len() {
+                    if j + 2 <= inputs.len() {
+                        let out = two(gw, nb, [&inputs[j], &inputs[j + 1]]);
+                        put(j, &out[0]);
+                        put(j + 1, &out[1]);
+                        j += 2;
+                    } else {
+                        put(j, &one(gw, nb, [&inputs[j]])[0]);
+                        j += 1;
+                    }
                 }
             }
-        }
+        })
     }
 }
 
