@@ -2,6 +2,7 @@
 //! would make ggml abort.
 
 use qtts::ffi::{Context, CoreLoan, GgmlError, Threadpool};
+use qtts::gguf::GgmlType;
 
 #[test]
 fn mul_mat_add_silu_match_a_reference() {
@@ -128,5 +129,37 @@ fn misuse_is_an_error_not_an_abort() {
     assert!(matches!(
         Threadpool::new(1, &[600]),
         Err(GgmlError::Threadpool { .. })
+    ));
+}
+
+#[test]
+fn aligned_tensors_start_on_their_alignment_and_hold_their_bytes() {
+    let ctx = Context::new(1 << 20).unwrap();
+    // Tensors of odd sizes between them, so that ggml's own placement (at 16 bytes) drifts.
+    for (i, ne) in [[96usize, 64], [32, 3], [160, 32], [64, 1]].into_iter().enumerate() {
+        ctx.new_tensor(GgmlType::F32, &[5 + 3 * i]).unwrap();
+        for (ty, es) in [(GgmlType::BF16, 2), (GgmlType::F32, 4)] {
+            let t = ctx.new_tensor_aligned(ty, &ne, 64).unwrap();
+            assert_eq!(t.data_address() % 64, 0, "{ne:?} {ty}");
+            assert_eq!(t.ne(), [ne[0], ne[1], 1, 1]);
+            assert_eq!(t.nbytes(), ne[0] * ne[1] * es);
+            let bytes: Vec<u8> = (0..t.nbytes()).map(|j| (j * 31 + i) as u8).collect();
+            t.write_bytes(&bytes).unwrap();
+            assert_eq!(t.read_bytes().unwrap(), bytes);
+        }
+    }
+    for (ty, align) in [(GgmlType::Q8_0, 64), (GgmlType::BF16, 48), (GgmlType::BF16, 0)] {
+        assert!(
+            matches!(
+                ctx.new_tensor_aligned(ty, &[64, 2], align),
+                Err(GgmlError::Shape { what: "aligned tensor", .. })
+            ),
+            "{ty} at {align}"
+        );
+    }
+    let views = Context::unallocated(4).unwrap();
+    assert!(matches!(
+        views.new_tensor_aligned(GgmlType::BF16, &[64, 2], 64),
+        Err(GgmlError::Shape { what: "aligned tensor", .. })
     ));
 }

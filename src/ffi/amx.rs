@@ -11,7 +11,9 @@
 //! The input tiles are read straight from the bf16 copy of the conv's input rows, at row stride
 //! `c_in`: the row of tap `j` for output `t` is input row `t + j · dilation`, so the taps need no
 //! im2col. The kernel is packed once at load ([`pack`]): tile after tile, each 1 KB, in the
-//! order the kernel reads them.
+//! order the kernel reads them. Both operands' tile rows start on cache lines ([`LINE`]): the
+//! bf16 copy by construction, the packed kernel when its caller places it so
+//! ([`Context::new_tensor_aligned`](super::Context::new_tensor_aligned)).
 //!
 //! Each output value sums its reduction in one fixed order (tap, then channel blocks of 32), from
 //! its own input row only: it does not depend on the row count or the thread count, as with the
@@ -25,6 +27,10 @@ const TILE_N: usize = 16;
 const TILE_M: usize = 16;
 /// Output rows and columns per block: 2 × 2 C tiles.
 const BLOCK: usize = 32;
+/// Bytes of a cache line, and the alignment of both operands' tile rows: a 64-byte row that
+/// straddles two lines costs two loads (1.3x the kernel's time on the decoder's shapes,
+/// PERFORMANCE.md).
+pub const LINE: usize = 64;
 
 /// Whether a conv of `c_in` input channels and `n` output columns can run here: channel blocks of
 /// [`TILE_K`] that never straddle two taps, whole 32-column output blocks.
@@ -189,9 +195,13 @@ pub unsafe fn conv(
     let ksteps = taps * c_in / TILE_K;
     let tile_bytes = TILE_K * TILE_N * 2;
     INPUT.with(|cell| {
-        let mut xb = cell.borrow_mut();
-        xb.clear();
-        xb.resize((r1 - r0) * c_in, 0);
+        let mut buf = cell.borrow_mut();
+        buf.clear();
+        buf.resize((r1 - r0) * c_in + LINE / 2, 0);
+        // The rows from a cache line's start: `c_in` is a multiple of 32 values, so every tile
+        // row is a whole line.
+        let skip = (buf.as_ptr() as usize).next_multiple_of(LINE) - buf.as_ptr() as usize;
+        let xb = &mut buf[skip / 2..][..(r1 - r0) * c_in];
         // SAFETY: the caller's contract; every tile read below stays inside `xb` (rows
         // r0..r1) or `w`, every store inside `y`'s rows below `t_out` or `part`.
         unsafe {

@@ -683,6 +683,42 @@ impl Context {
         self.wrap(p, bytes)
     }
 
+    /// As [`Context::new_tensor`] for a type of one value per block (f32, f16, bf16), with its
+    /// data at a multiple of `align` bytes (a power of two) where ggml places tensors at 16: a
+    /// view into a tensor `align` bytes longer. For kernels that load whole cache lines (AMX
+    /// tiles: a 64-byte tile row that straddles two lines costs two loads).
+    pub fn new_tensor_aligned(
+        &self,
+        ty: crate::gguf::GgmlType,
+        ne: &[usize],
+        align: usize,
+    ) -> Result<Tensor<'_>, GgmlError> {
+        let es = ty.type_size() as usize;
+        if self.no_alloc
+            || ty.block_size() != 1
+            || !align.is_power_of_two()
+            || ne.is_empty()
+            || ne.len() > 3
+        {
+            return Err(GgmlError::Shape {
+                what: "aligned tensor",
+                expected: "a type of one value per block, 1 to 3 dimensions, a power-of-two \
+                           alignment, in a context that allocates"
+                    .into(),
+                found: format!("{ty}, shape {ne:?}, alignment {align}"),
+            });
+        }
+        let n: usize = ne.iter().product();
+        let base = self.new_tensor(ty, &[n + align.div_ceil(es)])?;
+        // SAFETY: the tensor is live and has data (`new_tensor` on an allocating context).
+        let addr = unsafe { sys::ggml_get_data(base.ptr.as_ptr()) } as usize;
+        let offset = addr.next_multiple_of(align) - addr;
+        let mut shape = [1; 3];
+        shape[..ne.len()].copy_from_slice(ne);
+        let nb = [es, es * shape[0], es * shape[0] * shape[1]];
+        self.view(base, shape, nb, offset)
+    }
+
     /// A context of at most `n_tensors` tensors that get no memory of their own: views of the
     /// caller's ([`Context::tensor_over`]).
     pub fn unallocated(n_tensors: usize) -> Result<Self, GgmlError> {
@@ -1070,6 +1106,12 @@ impl<'ctx> Tensor<'ctx> {
     /// Number of elements.
     pub fn n_elems(&self) -> usize {
         self.ne().iter().product()
+    }
+
+    /// The address of the tensor's data (0 while it has none), for alignment checks.
+    pub fn data_address(&self) -> usize {
+        // SAFETY: the tensor is live; its data pointer is a field read.
+        unsafe { sys::ggml_get_data(self.ptr.as_ptr()) as usize }
     }
 
     /// Bytes of data.

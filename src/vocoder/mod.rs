@@ -334,7 +334,14 @@ impl Loader<'_> {
         if self.bf16 && crate::ffi::amx::fits(k / taps, n) {
             if let Some(p) = crate::ffi::amx::pack(v, k, n) {
                 let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
-                return self.put(name, GgmlType::BF16, &[k, n], &bytes);
+                // Tile rows on cache lines (see `amx::LINE`).
+                let t = self
+                    .w
+                    .new_tensor_aligned(GgmlType::BF16, &[k, n], crate::ffi::amx::LINE)
+                    .map_err(ModelError::from)?;
+                t.write_bytes(&bytes).map_err(ModelError::from)?;
+                t.set_name(name);
+                return Ok(());
             }
         }
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -531,7 +538,8 @@ impl Vocoder {
             .filter(|t| t.name.ends_with("dwconv.weight"))
             .map(|t| 4 * t.ne.iter().product::<u64>())
             .sum();
-        let overhead = (wav.len() + 64) * 1024;
+        // Each tensor's header, and for a bf16 tiled matrix a view's and its alignment.
+        let overhead = (wav.len() + 64) * 2048;
         // Kernel-shape stand-ins: at most 7 × 1536 floats per conv.
         let shapes = 64 * 7 * 1536 * 4;
         // Host matrices stored as f16 become f32: at most twice the file's bytes.
