@@ -80,6 +80,18 @@ pub(crate) enum Kv<'a> {
         /// Keys attended.
         n_kv: usize,
     },
+    /// Written at the rows' positions (`pos`) into caches of one position a row (`k` and `v`
+    /// both `[head_dim · n_head_kv, n_ctx]`, f16 or q8_0), then attended over positions
+    /// `0..n_kv` by ggml's flash attention ([`Context::flash_attn_cache`]) with the caller's f16
+    /// mask.
+    Flash {
+        /// Key cache.
+        k: Tensor<'a>,
+        /// Value cache.
+        v: Tensor<'a>,
+        /// Keys attended.
+        n_kv: usize,
+    },
 }
 
 /// Appends one layer to a graph: `x` is the residual stream (`[n_embd, rows]`), `pos` the rows'
@@ -154,6 +166,18 @@ pub(crate) fn layer<'a>(
     let q = c.rope_neox(q, pos, hd, d.theta)?;
     let k = c.mul(c.rms_norm(k, d.eps)?, w("attn_k_norm.weight")?)?;
     let k = c.rope_neox(k, pos, hd, d.theta)?;
+    if let Kv::Flash { k: ck, v: cv, n_kv } = kv {
+        let mask = mask.ok_or(GgmlError::Shape {
+            what: "flash attention mask",
+            expected: "an f16 mask [n_kv, rows]".into(),
+            found: "none".into(),
+        })?;
+        let rows_of = |t: Tensor<'a>| c.reshape(t, [hd * nkv, rows, 1]);
+        writes.push(c.set_rows(ck, rows_of(k)?, pos)?);
+        writes.push(c.set_rows(cv, rows_of(v)?, pos)?);
+        let o = c.flash_attn_cache(q, ck, cv, n_kv, nkv, mask, 1.0 / (hd as f32).sqrt())?;
+        return feed_forward(c, w, names, d, x, o, kernel);
+    }
     // Keys as [hd, n_kv, nkv] and values as [n_kv, hd, nkv] (positions first, for the sum).
     let (keys, vals) = match kv {
         Kv::Inline => (
@@ -170,6 +194,14 @@ pub(crate) fn layer<'a>(
             let vb = [vsz, vsz * n_ctx, vsz * n_ctx * hd * nkv];
             writes.push(c.copy_into(vt, c.view(cv, [rows, hd * nkv, 1], vb, p0 * vsz)?)?);
             read_cache(c, ck, cv, p0 + rows, d)?
+        }
+        // Attended above; kept apart so that the match covers every source.
+        Kv::Flash { .. } => {
+            return Err(GgmlError::Shape {
+                what: "flash attention",
+                expected: "attended before the key reads".into(),
+                found: "a second pass".into(),
+            })
         }
         Kv::Indexed {
             k: ck,

@@ -136,7 +136,10 @@ fn misuse_is_an_error_not_an_abort() {
 fn aligned_tensors_start_on_their_alignment_and_hold_their_bytes() {
     let ctx = Context::new(1 << 20).unwrap();
     // Tensors of odd sizes between them, so that ggml's own placement (at 16 bytes) drifts.
-    for (i, ne) in [[96usize, 64], [32, 3], [160, 32], [64, 1]].into_iter().enumerate() {
+    for (i, ne) in [[96usize, 64], [32, 3], [160, 32], [64, 1]]
+        .into_iter()
+        .enumerate()
+    {
         ctx.new_tensor(GgmlType::F32, &[5 + 3 * i]).unwrap();
         for (ty, es) in [(GgmlType::BF16, 2), (GgmlType::F32, 4)] {
             let t = ctx.new_tensor_aligned(ty, &ne, 64).unwrap();
@@ -148,11 +151,18 @@ fn aligned_tensors_start_on_their_alignment_and_hold_their_bytes() {
             assert_eq!(t.read_bytes().unwrap(), bytes);
         }
     }
-    for (ty, align) in [(GgmlType::Q8_0, 64), (GgmlType::BF16, 48), (GgmlType::BF16, 0)] {
+    for (ty, align) in [
+        (GgmlType::Q8_0, 64),
+        (GgmlType::BF16, 48),
+        (GgmlType::BF16, 0),
+    ] {
         assert!(
             matches!(
                 ctx.new_tensor_aligned(ty, &[64, 2], align),
-                Err(GgmlError::Shape { what: "aligned tensor", .. })
+                Err(GgmlError::Shape {
+                    what: "aligned tensor",
+                    ..
+                })
             ),
             "{ty} at {align}"
         );
@@ -160,6 +170,92 @@ fn aligned_tensors_start_on_their_alignment_and_hold_their_bytes() {
     let views = Context::unallocated(4).unwrap();
     assert!(matches!(
         views.new_tensor_aligned(GgmlType::BF16, &[64, 2], 64),
-        Err(GgmlError::Shape { what: "aligned tensor", .. })
+        Err(GgmlError::Shape {
+            what: "aligned tensor",
+            ..
+        })
     ));
+}
+
+/// Flash attention over caches of one position a row equals softmax attention computed here in
+/// f64, within the caches' rounding (f16, whose values ggml's kernel also sums in f16, and q8_0,
+/// whose queries it rounds to q8_0 too); masked keys do not count, and the query heads share
+/// key heads in order (`n_head / n_head_kv` consecutive heads a key head).
+#[test]
+fn flash_attention_over_caches_matches_softmax_attention() {
+    let (hd, nh, nkv, n_ctx, rows, n_kv) = (64, 4, 2, 40, 3, 24);
+    let val = |i: usize, s: usize| ((i * s % 97) as f32 - 48.0) / 48.0;
+    let q: Vec<f32> = (0..hd * nh * rows).map(|i| val(i, 7)).collect();
+    let k: Vec<f32> = (0..hd * nkv * n_ctx).map(|i| val(i, 13)).collect();
+    let v: Vec<f32> = (0..hd * nkv * n_ctx).map(|i| val(i, 29)).collect();
+    // Row r sees keys 0..=10 + 5r; keys past n_kv are never attended.
+    let sees = |r: usize, t: usize| t <= 10 + 5 * r;
+    let mut want = vec![0f64; hd * nh * rows];
+    for r in 0..rows {
+        for h in 0..nh {
+            let g = h / (nh / nkv);
+            let score = |t: usize| {
+                (0..hd)
+                    .map(|i| q[(r * nh + h) * hd + i] as f64 * k[(t * nkv + g) * hd + i] as f64)
+                    .sum::<f64>()
+                    / (hd as f64).sqrt()
+            };
+            let seen: Vec<usize> = (0..n_kv).filter(|&t| sees(r, t)).collect();
+            let max = seen.iter().map(|&t| score(t)).fold(f64::MIN, f64::max);
+            let w: Vec<f64> = seen.iter().map(|&t| (score(t) - max).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            for (&t, wt) in seen.iter().zip(&w) {
+                for i in 0..hd {
+                    want[(r * nh + h) * hd + i] += wt / sum * v[(t * nkv + g) * hd + i] as f64;
+                }
+            }
+        }
+    }
+    let mask: Vec<u8> = (0..rows)
+        .flat_map(|r| (0..n_kv).map(move |t| if sees(r, t) { 0u16 } else { 0xfc00 }))
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    let pool = Threadpool::new(2, &[]).unwrap();
+    for (ty, tol) in [(GgmlType::F16, 5e-3), (GgmlType::Q8_0, 2e-2)] {
+        let ctx = Context::new(1 << 22).unwrap();
+        let tq = ctx.new_f32(&[hd, nh, rows]).unwrap();
+        tq.write_f32(&q).unwrap();
+        let caches = [&k, &v].map(|x| {
+            let t = ctx.new_tensor(ty, &[hd * nkv, n_ctx]).unwrap();
+            let bytes = qtts::ffi::quantize(ty, x, hd * nkv).unwrap();
+            t.write_bytes(&bytes).unwrap();
+            t
+        });
+        let tm = ctx.new_tensor(GgmlType::F16, &[n_kv, rows]).unwrap();
+        tm.write_bytes(&mask).unwrap();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let o = ctx
+            .flash_attn_cache(tq, caches[0], caches[1], n_kv, nkv, tm, scale)
+            .unwrap();
+        assert_eq!(o.ne(), [hd * nh, rows, 1, 1]);
+        ctx.graph(o).unwrap().compute(&pool).unwrap();
+        let got = o.to_vec();
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .fold(0f64, f64::max);
+        assert!(err < tol, "{ty}: max error {err}");
+        // Misuse is refused: a mask of the wrong length, caches of another width.
+        let short = ctx.new_tensor(GgmlType::F16, &[n_kv - 1, rows]).unwrap();
+        assert!(matches!(
+            ctx.flash_attn_cache(tq, caches[0], caches[1], n_kv, nkv, short, scale),
+            Err(GgmlError::Shape {
+                what: "flash attention",
+                ..
+            })
+        ));
+        assert!(matches!(
+            ctx.flash_attn_cache(tq, caches[0], caches[1], n_kv, 1, tm, scale),
+            Err(GgmlError::Shape {
+                what: "flash attention",
+                ..
+            })
+        ));
+    }
 }

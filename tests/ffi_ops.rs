@@ -507,9 +507,22 @@ fn set_rows_writes_at_run_time_indices() {
     assert_eq!(what(ctx.set_rows(dst, narrow, idx)), "set_rows");
     let three = ctx.new_i32(3).unwrap();
     assert_eq!(what(ctx.set_rows(dst, src, three)), "set_rows");
+    // A q8_0 destination (the talker's caches) holds the rows as ggml's quantizer rounds them.
     let q = ctx.new_tensor(GgmlType::Q8_0, &[32, 2]).unwrap();
     let wide = ctx.new_f32(&[32, 2]).unwrap();
-    assert_eq!(what(ctx.set_rows(q, wide, idx)), "set_rows");
+    let rows: Vec<f32> = (0..64).map(|i| (i as f32 - 30.0) / 7.0).collect();
+    wide.write_f32(&rows).unwrap();
+    let swap = ctx.new_i32(2).unwrap();
+    swap.write_i32(&[1, 0]).unwrap();
+    let w = ctx.set_rows(q, wide, swap).unwrap();
+    ctx.graph(w).unwrap().compute(&pool).unwrap();
+    let swapped: Vec<f32> = rows[32..].iter().chain(&rows[..32]).copied().collect();
+    let want = qtts::ffi::quantize(GgmlType::Q8_0, &swapped, 32).unwrap();
+    assert_eq!(q.read_bytes().unwrap(), want);
+    // Other quantized destinations are refused.
+    let q4 = ctx.new_tensor(GgmlType::Q4K, &[256, 2]).unwrap();
+    let wide = ctx.new_f32(&[256, 2]).unwrap();
+    assert_eq!(what(ctx.set_rows(q4, wide, swap)), "set_rows");
     assert_eq!(what(ctx.set_rows(dst, src, src)), "set_rows");
 }
 

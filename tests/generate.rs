@@ -560,9 +560,9 @@ fn shared_prefix_is_reused(talker: &Talker) {
 }
 
 /// The own graph's q4_K talker steps against llama.cpp's on the same file: with f32 caches, the
-/// same codes and logits to 1e-4 (the same ggml products); with the default caches (llama.cpp's
-/// q8_0, the graph's f16) and either kernel, the same greedy codes and logits within the caches'
-/// rounding over the first 10 steps.
+/// same codes and logits to 1e-4 (the same ggml products); with the default caches (q8_0 and
+/// flash attention in both) and either kernel, the same greedy codes and logits within the
+/// caches' rounding until the codes part.
 /// A talker of width 256 (q4_K's block) so that its layers are q4_K; 120 steps, so that the own
 /// graph's steps cross two blocks of positions.
 #[test]
@@ -626,17 +626,29 @@ fn graph_talker_steps_follow_llama_cpp_at_q4k() {
     if qtts::code_predictor::q4k::available() {
         others.push(Runtime::Graph(LayerKernel::Packed));
     }
-    // The two caches' roundings add up over the steps until a greedy pick differs (and then the
-    // fed rows): the first 10 steps.
-    let first = 10;
+    // Both keep q8_0 caches attended by ggml's flash attention, but their roundings are not the
+    // same (measured: each 1.7-1.8 % of the largest logit from the exact prefill, and as far
+    // from each other), so a greedy pick may differ within a few steps, and the fed rows with
+    // it. Compared: the steps up to the first code that differs, at least the prefill and
+    // three steps, each within the caches' rounding of llama.cpp's.
     for r in others {
         let got = run(r, false);
-        let e = max_abs(&got.1[..first * 3072], &llama.1[..first * 3072]);
-        eprintln!("{r:?} vs llama.cpp: logits max {e:e} of {scale} over {first} steps");
-        assert_eq!(got.0[..first], llama.0[..first], "{r:?}: codes");
+        let same = got
+            .0
+            .iter()
+            .zip(&llama.0)
+            .take_while(|(a, b)| a == b)
+            .count();
+        assert!(
+            same >= 4,
+            "{r:?}: codes {:?} against {:?}",
+            &got.0[..8],
+            &llama.0[..8]
+        );
+        let e = max_abs(&got.1[..same * 3072], &llama.1[..same * 3072]);
+        eprintln!("{r:?} vs llama.cpp: logits max {e:e} of {scale} over {same} steps");
         assert!(e <= 0.05 * scale, "{r:?}: logits {e} of {scale}");
-        // Before the codes diverge (the fed rows follow them): the prefill's logits, no further
-        // from the exact ones than llama.cpp's (measured: 1.4 % of the largest, llama.cpp 1.8 %).
+        // The prefill's logits no further from the exact ones than llama.cpp's, within a margin.
         let e = max_abs(&got.1[..3072], &graph.1[..3072]);
         eprintln!("{r:?} vs the exact graph: prefill logits max {e:e} of {scale}");
         assert!(e <= 0.03 * scale, "{r:?}: prefill logits {e} of {scale}");

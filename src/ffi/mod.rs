@@ -886,6 +886,97 @@ impl Context {
         })
     }
 
+    /// The attention of the query heads `q` (f32 `[head_dim, n_head, rows]`) over the first
+    /// `n_kv` positions of the key and value caches `k` and `v` (`[head_dim · n_head_kv,
+    /// n_ctx]`, one position a row, both f16 or both q8_0; `n_head_kv` divides `n_head`), with
+    /// `mask` (f16 `[n_kv, rows]`: 0 where a row sees a key, −∞ where it does not; a masked key
+    /// is skipped, not read) and `scale` on the scores, by ggml's flash attention: `[head_dim ·
+    /// n_head, rows]`. Values are summed in f32 for q8_0, in f16 for f16 (ggml's CPU kernel).
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn_cache<'a>(
+        &'a self,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        n_kv: usize,
+        n_head_kv: usize,
+        mask: Tensor<'a>,
+        scale: f32,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        use crate::gguf::GgmlType;
+        let [hd, nh, rows, q3] = q.ne();
+        let [width, n_ctx, k2, k3] = k.ne();
+        let ty = [GgmlType::F16, GgmlType::Q8_0]
+            .into_iter()
+            .find(|&t| k.is_type(t) && v.is_type(t));
+        let ok = q.is_type(GgmlType::F32)
+            && q3 == 1
+            && ty.is_some_and(|t| (hd as u64).is_multiple_of(t.block_size()))
+            && v.ne() == k.ne()
+            && [k2, k3] == [1, 1]
+            && n_head_kv > 0
+            && nh.is_multiple_of(n_head_kv)
+            && width == hd * n_head_kv
+            && (1..=n_ctx).contains(&n_kv)
+            && mask.is_type(GgmlType::F16)
+            && mask.ne() == [n_kv, rows, 1, 1]
+            // SAFETY: the tensor is live; a pure query of its strides.
+            && unsafe { sys::ggml_is_contiguous(mask.ptr.as_ptr()) };
+        if !ok {
+            return Err(GgmlError::Shape {
+                what: "flash attention",
+                expected: format!(
+                    "f32 q [d, heads, rows], f16 or q8_0 caches [d · {n_head_kv}, n_ctx >= \
+                     {n_kv}] with d whole blocks, an f16 mask [{n_kv}, rows]"
+                ),
+                found: format!(
+                    "q {:?}, k {:?}, v {:?}, mask {:?}",
+                    q.ne(),
+                    k.ne(),
+                    v.ne(),
+                    mask.ne()
+                ),
+            });
+        }
+        // Whole blocks per head: a position's row is `n_head_kv` heads of equal bytes.
+        let row = k.nbytes() / n_ctx;
+        let head = row / n_head_kv;
+        let view = |t: Tensor<'a>| {
+            // SAFETY: the view lies inside the cache: n_kv positions of `row` bytes, `n_head_kv`
+            // heads of `head` bytes each (checked above).
+            self.op(0, |c| unsafe {
+                sys::ggml_view_3d(
+                    c,
+                    t.ptr.as_ptr(),
+                    hd as i64,
+                    n_kv as i64,
+                    n_head_kv as i64,
+                    row,
+                    head,
+                    0,
+                )
+            })
+        };
+        let (kv, vv) = (view(k)?, view(v)?);
+        let qp = self.permute(q, [0, 2, 1, 3])?;
+        // SAFETY: the shapes satisfy ggml_flash_attn_ext's asserts (checked above: q's width is
+        // the keys', its heads a multiple of theirs, the mask f16 and contiguous; q's permuted
+        // view keeps each row contiguous).
+        let out = self.op(hd * nh * rows, |c| unsafe {
+            sys::ggml_flash_attn_ext(
+                c,
+                qp.ptr.as_ptr(),
+                kv.ptr.as_ptr(),
+                vv.ptr.as_ptr(),
+                mask.ptr.as_ptr(),
+                scale,
+                0.0,
+                0.0,
+            )
+        })?;
+        self.reshape(out, [hd * nh, rows, 1])
+    }
+
     /// A view of `x` with shape `ne` and byte strides `nb` (`nb[0]` is the element size) at byte
     /// `offset`; checked to stay inside `x`'s data.
     pub fn view<'a>(

@@ -998,7 +998,7 @@ pub(crate) fn rms_norm_row(row: &[f32], g: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 impl Context {
-    /// Writes row `i` of `src` (f32 `[n, rows]`) into row `idx[i]` of `dst` (f32 or f16
+    /// Writes row `i` of `src` (f32 `[n, rows]`) into row `idx[i]` of `dst` (f32, f16 or q8_0
     /// `[n, dst_rows]`, rows contiguous) when the graph runs; `idx` is an i32 tensor of `rows`
     /// values, each below `dst_rows` when the graph runs (ggml aborts otherwise). Returns the
     /// write's node (a view of `dst`).
@@ -1013,7 +1013,7 @@ impl Context {
         let (dst_ok, src_ok, idx_ok) = unsafe {
             let ty = |t: Tensor<'_>| (*t.ptr.as_ptr()).type_;
             (
-                (ty(dst) == sys::GGML_TYPE_F32 || ty(dst) == sys::GGML_TYPE_F16)
+                [sys::GGML_TYPE_F32, sys::GGML_TYPE_F16, sys::GGML_TYPE_Q8_0].contains(&ty(dst))
                     && sys::ggml_is_contiguous_rows(dst.ptr.as_ptr()),
                 ty(src) == sys::GGML_TYPE_F32 && sys::ggml_is_contiguous_rows(src.ptr.as_ptr()),
                 ty(idx) == sys::GGML_TYPE_I32,
@@ -1028,7 +1028,9 @@ impl Context {
         {
             return Err(GgmlError::Shape {
                 what: "set_rows",
-                expected: "f32/f16 dst [n, rows], f32 src [n, k], i32 indices [k]".into(),
+                expected: "f32/f16/q8_0 dst [n, rows] (n whole q8_0 blocks), f32 src [n, k], i32 \
+                           indices [k]"
+                    .into(),
                 found: format!(
                     "dst {nd:?} (ok {dst_ok}), src {ns:?} (ok {src_ok}), indices {ni:?} (ok {idx_ok})"
                 ),

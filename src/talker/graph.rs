@@ -7,8 +7,10 @@
 //! - [`Layers::load`] copies the layer matrices, the final norm and the codec rows of the head
 //!   (the last 3072 rows of `output.weight`) out of the mapped file (packing q4_K, q5_K and q8_0
 //!   matrices for [`LayerKernel::Packed`]) and releases their pages.
-//! - A [`State`] is one session's KV cache (keys by position, values transposed; f32 for the exact
-//!   path, else f16) and its step graph. [`State::run`] computes rows at positions `p0..`, leaving
+//! - A [`State`] is one session's KV cache and its step graph: for the exact path f32 keys by
+//!   position and values transposed, attended by ggml's products and softmax; else q8_0 keys and
+//!   values by position (llama.cpp's runtime's choice), attended by ggml's flash attention, which
+//!   skips the masked keys and reads half of f16's bytes. [`State::run`] computes rows at positions `p0..`, leaving
 //!   the last row's final-normed hidden state and codec logits in [`State::hidden`] and
 //!   [`State::logits`]. A one-row step runs a graph built for every position of its block of
 //!   `BLOCK` (64) positions (the cache writes' positions are inputs, the block's later keys masked),
@@ -199,9 +201,10 @@ impl Layers {
         self.kernel
     }
 
-    /// Bytes of one position's keys and values at `elem` bytes per value.
-    fn kv_bytes(&self, elem: usize) -> usize {
-        2 * self.n_layer * self.dims.head_dim * self.dims.n_head_kv * elem
+    /// Bytes of one position's keys and values in `ty`.
+    fn kv_bytes(&self, ty: GgmlType) -> usize {
+        let width = (self.dims.head_dim * self.dims.n_head_kv) as u64;
+        2 * self.n_layer * ty.nbytes(&[width]).unwrap_or(4 * width) as usize
     }
 
     /// The graph of `rows` rows over the cache in `cache`, written at `at`; returns its outputs
@@ -214,6 +217,7 @@ impl Layers {
         cache: &'a Context,
         rows: usize,
         at: At,
+        flash: bool,
     ) -> Result<Vec<Tensor<'a>>, GgmlError> {
         let get = |ctx: &'a Context, n: &str| {
             ctx.get(n).ok_or(GgmlError::Shape {
@@ -229,7 +233,12 @@ impl Layers {
             At::Fixed(p0) => p0 + rows,
             At::Block { n_kv } => n_kv,
         };
-        let mask = if rows > 1 || matches!(at, At::Block { .. }) {
+        let mask = if flash {
+            Some(
+                c.new_tensor(GgmlType::F16, &[n_kv, rows])?
+                    .set_name("in.mask"),
+            )
+        } else if rows > 1 || matches!(at, At::Block { .. }) {
             Some(
                 c.new_tensor(GgmlType::F32, &[n_kv, rows])?
                     .set_name("in.mask"),
@@ -238,11 +247,11 @@ impl Layers {
             None
         };
         let v_idx = match at {
-            At::Fixed(_) => None,
-            At::Block { .. } => Some(
+            At::Block { .. } if !flash => Some(
                 c.new_i32(rows * d.head_dim * d.n_head_kv)?
                     .set_name("in.vidx"),
             ),
+            _ => None,
         };
         let mut outs = Vec::new();
         let mut x = input;
@@ -253,6 +262,7 @@ impl Layers {
                 get(cache, &format!("cache.v.{l}"))?,
             );
             let kv = match (at, v_idx) {
+                _ if flash => Kv::Flash { k, v, n_kv },
                 (At::Block { n_kv }, Some(v_idx)) => Kv::Indexed { k, v, v_idx, n_kv },
                 (At::Fixed(p0), _) => Kv::Cache { k, v, p0 },
                 (At::Block { .. }, None) => return Err(port("in.vidx")),
@@ -304,6 +314,9 @@ pub struct State<'l> {
     step: Option<(usize, OwnedGraph)>,
     /// The step graph's mask and value indices, rewritten at every step.
     mask: Vec<f32>,
+    /// The caches hold one position a row in f16 or q8_0, attended by flash attention
+    /// ([`Kv::Flash`]); else f32, the values transposed ([`Kv::Cache`], [`Kv::Indexed`]).
+    flash: bool,
     vidx: Vec<i32>,
     hidden: Vec<f32>,
     logits: Vec<f32>,
@@ -313,21 +326,33 @@ pub struct State<'l> {
 }
 
 impl<'l> State<'l> {
-    /// A cache of `n_ctx` positions for `layers`, f32 when `exact`, else f16.
+    /// A cache of `n_ctx` positions for `layers`: f32 when `exact`, else q8_0 attended by flash
+    /// attention (see the module's contract).
     pub fn new(layers: &'l Layers, n_ctx: usize, exact: bool) -> Result<Self, GgmlError> {
         let d = layers.dims;
-        let (ty, elem) = if exact {
-            (GgmlType::F32, 4)
+        // q8_0 as llama.cpp's runtime keeps them: half of f16's bytes, values summed in f32.
+        let (ty, flash) = if exact {
+            (GgmlType::F32, false)
         } else {
-            (GgmlType::F16, 2)
+            (GgmlType::Q8_0, true)
         };
-        let cache = Context::new(n_ctx * layers.kv_bytes(elem) + layers.n_layer * 2048 + 4096)?;
+        let width = d.head_dim * d.n_head_kv;
+        let cache = Context::new(n_ctx * layers.kv_bytes(ty) + layers.n_layer * 2048 + 4096)?;
         for l in 0..layers.n_layer {
+            if flash {
+                cache
+                    .new_tensor(ty, &[width, n_ctx])?
+                    .set_name(&format!("cache.k.{l}"));
+                cache
+                    .new_tensor(ty, &[width, n_ctx])?
+                    .set_name(&format!("cache.v.{l}"));
+                continue;
+            }
             cache
                 .new_tensor(ty, &[d.head_dim, d.n_head_kv, n_ctx])?
                 .set_name(&format!("cache.k.{l}"));
             cache
-                .new_tensor(ty, &[n_ctx, d.head_dim * d.n_head_kv])?
+                .new_tensor(ty, &[n_ctx, width])?
                 .set_name(&format!("cache.v.{l}"));
         }
         Ok(State {
@@ -335,6 +360,7 @@ impl<'l> State<'l> {
             n_ctx,
             step: None,
             mask: Vec::with_capacity(n_ctx),
+            flash,
             vidx: vec![0; d.head_dim * d.n_head_kv],
             hidden: vec![0.0; layers.n_embd],
             logits: vec![0.0; CODEC_VOCAB],
@@ -371,11 +397,12 @@ impl<'l> State<'l> {
             if self.step.as_ref().map(|s| s.0) != Some(block) {
                 self.step = None;
                 self.zero_from(layers, p0, n_kv)?;
+                let flash = self.flash;
                 // SAFETY: the graph reads `layers.weights` (borrowed for the state's whole life)
                 // and `self.cache` (dropped after `self.step`).
                 let g = unsafe {
                     OwnedGraph::build_allocated(None, |c| {
-                        let outs = layers.build(c, &self.cache, 1, At::Block { n_kv })?;
+                        let outs = layers.build(c, &self.cache, 1, At::Block { n_kv }, flash)?;
                         Ok(outs.into_iter().map(Tensor::node).collect())
                     })?
                 };
@@ -387,22 +414,27 @@ impl<'l> State<'l> {
             self.mask.clear();
             self.mask
                 .extend((0..n_kv).map(|k| if k <= p0 { 0.0 } else { f32::NEG_INFINITY }));
-            for (j, v) in self.vidx.iter_mut().enumerate() {
-                *v = (p0 + self.n_ctx * j) as i32;
-            }
             let t = |name: &'static str| g.tensor(name).ok_or_else(|| port(name));
             t("in.rows")?.write_f32(rows)?;
             t("in.pos")?.write_i32(&pos)?;
-            t("in.vidx")?.write_i32(&self.vidx)?;
-            t("in.mask")?.write_f32(&self.mask)?;
+            if self.flash {
+                t("in.mask")?.write_bytes(&f16_mask(&self.mask))?;
+            } else {
+                for (j, v) in self.vidx.iter_mut().enumerate() {
+                    *v = (p0 + self.n_ctx * j) as i32;
+                }
+                t("in.vidx")?.write_i32(&self.vidx)?;
+                t("in.mask")?.write_f32(&self.mask)?;
+            }
             g.compute(pool)?;
             return read_outputs(g, &mut self.hidden, &mut self.logits);
         }
+        let flash = self.flash;
         // SAFETY: the graph reads `layers.weights` and `self.cache`, both borrowed for this whole
         // call; it is dropped before the call returns.
         let mut g = unsafe {
             OwnedGraph::build_allocated(None, |c| {
-                let outs = layers.build(c, &self.cache, n, At::Fixed(p0))?;
+                let outs = layers.build(c, &self.cache, n, At::Fixed(p0), flash)?;
                 Ok(outs.into_iter().map(Tensor::node).collect())
             })?
         };
@@ -410,7 +442,12 @@ impl<'l> State<'l> {
         t("in.rows")?.write_f32(rows)?;
         let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();
         t("in.pos")?.write_i32(&pos)?;
-        t("in.mask")?.write_f32(&qwen3::causal_mask(n, p0))?;
+        let mask = qwen3::causal_mask(n, p0);
+        if self.flash {
+            t("in.mask")?.write_bytes(&f16_mask(&mask))?;
+        } else {
+            t("in.mask")?.write_f32(&mask)?;
+        }
         g.compute(pool)?;
         read_outputs(&g, &mut self.hidden, &mut self.logits)
     }
@@ -424,6 +461,13 @@ impl<'l> State<'l> {
         for l in 0..layers.n_layer {
             let get = |n: String| self.cache.get(&n).ok_or_else(|| port("cache"));
             let (k, v) = (get(format!("cache.k.{l}"))?, get(format!("cache.v.{l}"))?);
+            if self.flash {
+                // One position a row, in either cache.
+                let row = k.nbytes() / self.n_ctx;
+                k.zero_bytes(from * row, (to - from) * row)?;
+                v.zero_bytes(from * row, (to - from) * row)?;
+                continue;
+            }
             let esz = k.nbytes() / k.n_elems();
             k.zero_bytes(from * width * esz, (to - from) * width * esz)?;
             for j in 0..width {
@@ -442,6 +486,13 @@ impl<'l> State<'l> {
     pub fn logits(&self) -> &[f32] {
         &self.logits
     }
+}
+
+/// A mask of 0 and −∞ as f16 bytes (flash attention's mask type).
+fn f16_mask(mask: &[f32]) -> Vec<u8> {
+    mask.iter()
+        .flat_map(|&m| if m == 0.0 { 0u16 } else { 0xfc00 }.to_le_bytes())
+        .collect()
 }
 
 /// A missing graph port (a bug in the graph's construction).
