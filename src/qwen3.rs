@@ -83,7 +83,8 @@ pub(crate) enum Kv<'a> {
     /// Written at the rows' positions (`pos`) into caches of one position a row (`k` and `v`
     /// both `[head_dim · n_head_kv, n_ctx]`, f16 or q8_0), then attended over positions
     /// `0..n_kv` by ggml's flash attention ([`Context::flash_attn_cache`]) with the caller's f16
-    /// mask.
+    /// mask; without a mask, one row attends positions `0..=pos` of q8_0 caches in one node
+    /// ([`Context::attend_q8_row`]).
     Flash {
         /// Key cache.
         k: Tensor<'a>,
@@ -167,15 +168,15 @@ pub(crate) fn layer<'a>(
     let k = c.mul(c.rms_norm(k, d.eps)?, w("attn_k_norm.weight")?)?;
     let k = c.rope_neox(k, pos, hd, d.theta)?;
     if let Kv::Flash { k: ck, v: cv, n_kv } = kv {
-        let mask = mask.ok_or(GgmlError::Shape {
-            what: "flash attention mask",
-            expected: "an f16 mask [n_kv, rows]".into(),
-            found: "none".into(),
-        })?;
         let rows_of = |t: Tensor<'a>| c.reshape(t, [hd * nkv, rows, 1]);
         writes.push(c.set_rows(ck, rows_of(k)?, pos)?);
         writes.push(c.set_rows(cv, rows_of(v)?, pos)?);
-        let o = c.flash_attn_cache(q, ck, cv, n_kv, nkv, mask, 1.0 / (hd as f32).sqrt())?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let o = match mask {
+            Some(mask) => c.flash_attn_cache(q, ck, cv, n_kv, nkv, mask, scale)?,
+            // One row under the engine's kernels: the keys up to its position, in one node.
+            None => c.attend_q8_row(q, ck, cv, pos, nkv, scale)?,
+        };
         return feed_forward(c, w, names, d, x, o, kernel);
     }
     // Keys as [hd, n_kv, nkv] and values as [n_kv, hd, nkv] (positions first, for the sum).

@@ -259,3 +259,75 @@ fn flash_attention_over_caches_matches_softmax_attention() {
         ));
     }
 }
+
+/// One row's attention over q8_0 caches in one node (`attend_q8_row`) equals softmax attention
+/// computed here in f64 on the caches' own (dequantized) values and the queries rounded to q8_0,
+/// to float rounding: positions
+/// past the row's are not read, and a position past the cache is clamped to its end.
+#[test]
+fn one_row_attention_over_q8_0_caches_matches_softmax_attention() {
+    let (hd, nh, nkv, n_ctx) = (64, 4, 2, 40);
+    let val = |i: usize, s: usize| ((i * s % 97) as f32 - 48.0) / 48.0;
+    let q: Vec<f32> = (0..hd * nh).map(|i| val(i, 7)).collect();
+    let [k, v] = [13, 29].map(|s| {
+        let x: Vec<f32> = (0..hd * nkv * n_ctx).map(|i| val(i, s)).collect();
+        qtts::ffi::quantize(GgmlType::Q8_0, &x, hd * nkv).unwrap()
+    });
+    let [kd, vd] = [&k, &v].map(|b| qtts::ffi::dequantize(GgmlType::Q8_0, b, hd * nkv * n_ctx));
+    let [kd, vd] = [kd.unwrap(), vd.unwrap()];
+    // The kernel rounds the queries to q8_0, as ggml's flash attention does.
+    let q8 = qtts::ffi::quantize(GgmlType::Q8_0, &q, hd).unwrap();
+    let qr = qtts::ffi::dequantize(GgmlType::Q8_0, &q8, hd * nh).unwrap();
+    let pool = Threadpool::new(2, &[]).unwrap();
+    for (pos, seen) in [(0, 1), (17, 18), (39, 40), (90, 40)] {
+        let mut want = vec![0f64; hd * nh];
+        for h in 0..nh {
+            let g = h / (nh / nkv);
+            let score = |t: usize| {
+                (0..hd)
+                    .map(|i| qr[h * hd + i] as f64 * kd[(t * nkv + g) * hd + i] as f64)
+                    .sum::<f64>()
+                    / (hd as f64).sqrt()
+            };
+            let max = (0..seen).map(score).fold(f64::MIN, f64::max);
+            let w: Vec<f64> = (0..seen).map(|t| (score(t) - max).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            for (t, wt) in w.iter().enumerate() {
+                for i in 0..hd {
+                    want[h * hd + i] += wt / sum * vd[(t * nkv + g) * hd + i] as f64;
+                }
+            }
+        }
+        let ctx = Context::new(1 << 20).unwrap();
+        let tq = ctx.new_f32(&[hd, nh, 1]).unwrap();
+        tq.write_f32(&q).unwrap();
+        let [tk, tv] = [&k, &v].map(|b| {
+            let t = ctx.new_tensor(GgmlType::Q8_0, &[hd * nkv, n_ctx]).unwrap();
+            t.write_bytes(b).unwrap();
+            t
+        });
+        let tp = ctx.new_i32(1).unwrap();
+        tp.write_i32(&[pos]).unwrap();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let o = ctx.attend_q8_row(tq, tk, tv, tp, nkv, scale).unwrap();
+        ctx.graph(o).unwrap().compute(&pool).unwrap();
+        let err = o
+            .to_vec()
+            .iter()
+            .zip(&want)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .fold(0f64, f64::max);
+        assert!(err < 1e-5, "position {pos}: max error {err}");
+        // Misuse is refused: f32 caches, a key head count that does not divide the width.
+        let f = ctx.new_f32(&[hd * nkv, n_ctx]).unwrap();
+        for (kk, vv, kv) in [(f, f, nkv), (tk, tv, 3)] {
+            assert!(matches!(
+                ctx.attend_q8_row(tq, kk, vv, tp, kv, scale),
+                Err(GgmlError::Shape {
+                    what: "attend_q8_row",
+                    ..
+                })
+            ));
+        }
+    }
+}

@@ -1299,3 +1299,359 @@ impl Context {
         Ok(y)
     }
 }
+
+/// Bytes of a q8_0 block: an f16 scale, then 32 signed values.
+const Q8_0_BLOCK: usize = 34;
+/// The most query heads a key/value head serves in [`Context::attend_q8_row`].
+const MAX_GROUP: usize = 8;
+
+impl Context {
+    /// One row's attention over q8_0 caches, in one node: the query heads `q` (f32
+    /// `[head_dim, n_head, 1]`, normed and roped) over positions `0..=pos[0]` of the key and
+    /// value caches (`[head_dim · n_head_kv, n_ctx]`, q8_0, one position a row, as
+    /// [`Context::flash_attn_cache`] reads them), scores scaled by `scale`. Each thread takes
+    /// whole key/value heads and reads each key and value row once for all the query heads it
+    /// serves (ggml's flash attention reads them once per query head), in AVX-512 where the CPU
+    /// has it (BW), else in a scalar twin. The queries are rounded to q8_0 first, as ggml's
+    /// flash attention rounds them, so that a step agrees with a prefill's attention within
+    /// float rounding. `pos` is an i32 tensor of one value, read when the graph runs (clamped to
+    /// the cache). Returns `[head_dim · n_head, 1]`.
+    pub fn attend_q8_row<'a>(
+        &'a self,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        pos: Tensor<'a>,
+        n_head_kv: usize,
+        scale: f32,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        let [hd, nh, rows, q3] = q.ne();
+        let [width, _, k2, k3] = k.ne();
+        // SAFETY: the tensors are live; these read their strides and types.
+        let dense = unsafe {
+            sys::ggml_is_contiguous(q.ptr.as_ptr()) && sys::ggml_is_contiguous(k.ptr.as_ptr())
+        };
+        let ok = dense
+            && q.is_type(GgmlType::F32)
+            && [rows, q3] == [1, 1]
+            && k.is_type(GgmlType::Q8_0)
+            && v.is_type(GgmlType::Q8_0)
+            && v.ne() == k.ne()
+            && [k2, k3] == [1, 1]
+            && hd > 0
+            && hd.is_multiple_of(32)
+            && n_head_kv > 0
+            && nh.is_multiple_of(n_head_kv)
+            && nh / n_head_kv <= MAX_GROUP
+            && width == hd * n_head_kv
+            && pos.is_type(GgmlType::I32)
+            && pos.n_elems() == 1;
+        if !ok {
+            return Err(GgmlError::Shape {
+                what: "attend_q8_row",
+                expected: format!(
+                    "contiguous f32 q [d, heads, 1] with d a multiple of 32 and at most \
+                     {MAX_GROUP} heads per key head, q8_0 caches [d · {n_head_kv}, n_ctx], one \
+                     i32 position"
+                ),
+                found: format!(
+                    "q {:?}, k {:?}, v {:?}, position {:?}",
+                    q.ne(),
+                    k.ne(),
+                    v.ne(),
+                    pos.ne()
+                ),
+            });
+        }
+        // SAFETY: the sources are live and shaped as the trampoline reads them (checked above).
+        let y = unsafe {
+            self.custom_f32(
+                [hd * nh, 1, 1, 1],
+                &[q, k, v, pos],
+                attend_q8_trampoline,
+                std::ptr::null_mut(),
+            )
+        }?;
+        set_extra_params(y, &[nh as i32, n_head_kv as i32, scale.to_bits() as i32]);
+        Ok(y)
+    }
+}
+
+/// ggml's side of [`Context::attend_q8_row`]: splits the key/value heads over the threads.
+unsafe extern "C" fn attend_q8_trampoline(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    _userdata: *mut std::os::raw::c_void,
+) {
+    // SAFETY: `attend_q8_row` built this node: sources are the contiguous f32 queries
+    // `[d, n_head]`, the q8_0 caches `[d · n_head_kv, n_ctx]` (whole rows of `nb[1]` bytes) and
+    // one i32 position; `dst` is `[d · n_head]` f32. Each thread writes only its own heads'
+    // outputs, and reads cache rows below the clamped position.
+    unsafe {
+        let p = extra_params(dst);
+        let (nh, nkv, scale) = (p[0] as usize, p[1] as usize, f32::from_bits(p[2] as u32));
+        let (q, k, v, pos) = ((*dst).src[0], (*dst).src[1], (*dst).src[2], (*dst).src[3]);
+        let hd = (*q).ne[0] as usize;
+        let (row, n_ctx) = ((*k).nb[1], (*k).ne[1] as usize);
+        let n = (*((*pos).data as *const i32)).clamp(0, n_ctx as i32 - 1) as usize + 1;
+        let q = std::slice::from_raw_parts((*q).data as *const f32, hd * nh);
+        let out = std::slice::from_raw_parts_mut((*dst).data as *mut f32, hd * nh);
+        let group = nh / nkv;
+        let (g0, g1) = thread_share(nkv, ith, nth);
+        let caches = ((*k).data as *const u8, (*v).data as *const u8);
+        SCORES.with_borrow_mut(|scores| {
+            for g in g0..g1 {
+                let heads = g * group * hd..(g + 1) * group * hd;
+                let at = g * (hd / 32) * Q8_0_BLOCK;
+                #[cfg(target_arch = "x86_64")]
+                if hd <= 256 && std::arch::is_x86_feature_detected!("avx512bw") {
+                    attend_q8_group_avx512(
+                        &q[heads.clone()],
+                        hd,
+                        (caches.0.add(at), caches.1.add(at)),
+                        row,
+                        n,
+                        scale,
+                        scores,
+                        &mut out[heads],
+                    );
+                    continue;
+                }
+                attend_q8_group(
+                    &q[heads.clone()],
+                    hd,
+                    (caches.0.add(at), caches.1.add(at)),
+                    row,
+                    n,
+                    scale,
+                    scores,
+                    &mut out[heads],
+                );
+            }
+        });
+    }
+}
+
+std::thread_local! {
+    /// [`attend_q8_group`]'s scores, per thread (grows to the longest attention, once).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The attention of the `q.len() / d` query heads (of `d` values, rounded to q8_0 first) of one
+/// key/value head over `n` positions:
+/// key and value rows of `d` q8_0 values at `k` and `v`, `row` bytes apart. Writes the heads'
+/// outputs (`d` each) into `out`.
+///
+/// # Safety
+/// `k` and `v` hold `n` rows `row` bytes apart, each starting with this head's `d / 32` blocks.
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_q8_group(
+    q: &[f32],
+    d: usize,
+    (k, v): (*const u8, *const u8),
+    row: usize,
+    n: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let group = q.len() / d;
+    let nb = d / 32;
+    // The queries rounded to q8_0, as ggml's flash attention (and the AVX-512 twin) round them.
+    let Ok(q) = super::quantize(GgmlType::Q8_0, q, d)
+        .and_then(|b| super::dequantize(GgmlType::Q8_0, &b, group * d))
+    else {
+        return;
+    };
+    scores.clear();
+    scores.resize(group * n, 0.0);
+    let mut kf = [0f32; 32];
+    for t in 0..n {
+        let mut acc = [[0f32; 32]; MAX_GROUP];
+        for b in 0..nb {
+            // SAFETY: block b of this head's key row at position t (the caller's contract).
+            unsafe { dequant_q8(k.add(t * row + b * Q8_0_BLOCK), &mut kf) };
+            for (h, acc) in acc[..group].iter_mut().enumerate() {
+                let qb = &q[h * d + b * 32..][..32];
+                for i in 0..32 {
+                    acc[i] += kf[i] * qb[i];
+                }
+            }
+        }
+        for (h, acc) in acc[..group].iter().enumerate() {
+            scores[h * n + t] = sum32(acc) * scale;
+        }
+    }
+    for s in scores.chunks_exact_mut(n) {
+        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let mut sum = 0f32;
+        for x in s.iter_mut() {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        for x in s.iter_mut() {
+            *x *= inv;
+        }
+    }
+    out.fill(0.0);
+    for t in 0..n {
+        for b in 0..nb {
+            // SAFETY: block b of this head's value row at position t (the caller's contract).
+            unsafe { dequant_q8(v.add(t * row + b * Q8_0_BLOCK), &mut kf) };
+            for h in 0..group {
+                let w = scores[h * n + t];
+                let o = &mut out[h * d + b * 32..][..32];
+                for i in 0..32 {
+                    o[i] += w * kf[i];
+                }
+            }
+        }
+    }
+}
+
+/// The 32 values of the q8_0 block at `p`.
+///
+/// # Safety
+/// `p` points at a whole q8_0 block.
+#[inline(always)]
+unsafe fn dequant_q8(p: *const u8, out: &mut [f32; 32]) {
+    // SAFETY: the caller's block: 2 bytes of f16 scale, 32 values.
+    let (scale, qs) = unsafe {
+        (
+            half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32(),
+            std::slice::from_raw_parts(p.add(2) as *const i8, 32),
+        )
+    };
+    for (o, &x) in out.iter_mut().zip(qs) {
+        *o = x as f32 * scale;
+    }
+}
+
+/// `Σ a` as a tree of lanes (so that it vectorizes, where a running sum would chain 32 adds).
+#[inline(always)]
+fn sum32(a: &[f32; 32]) -> f32 {
+    let mut s = [0f32; 16];
+    for i in 0..16 {
+        s[i] = a[i] + a[i + 16];
+    }
+    for w in [8, 4, 2, 1] {
+        for i in 0..w {
+            s[i] += s[i + w];
+        }
+    }
+    s[0]
+}
+
+/// As [`attend_q8_group`], in AVX-512 (BW for the 16-bit products): each head's query is first
+/// rounded to q8_0 by ggml's own quantizer, as ggml's flash attention rounds it, and each key
+/// block's dot is an integer product (`vpmaddwd`) scaled by both blocks' scales; a key or value
+/// row is read once for all the heads of its group.
+///
+/// # Safety
+/// As [`attend_q8_group`]; the CPU has AVX-512 F and BW; `d` is a multiple of 32 and at most
+/// 256.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_q8_group_avx512(
+    q: &[f32],
+    d: usize,
+    (k, v): (*const u8, *const u8),
+    row: usize,
+    n: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let group = q.len() / d;
+    let nb = d / 32;
+    // The queries in q8_0, as 16-bit lanes per block, and their scales.
+    let mut q16 = [[_mm512_setzero_si512(); 8]; MAX_GROUP];
+    let mut qd = [[0f32; 8]; MAX_GROUP];
+    for h in 0..group {
+        let Ok(bytes) = super::quantize(GgmlType::Q8_0, &q[h * d..(h + 1) * d], d) else {
+            return;
+        };
+        for b in 0..nb {
+            let blk = &bytes[b * Q8_0_BLOCK..][..Q8_0_BLOCK];
+            qd[h][b] = half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+            // SAFETY: 32 bytes of the block's values.
+            q16[h][b] =
+                _mm512_cvtepi8_epi16(unsafe { _mm256_loadu_si256(blk[2..].as_ptr().cast()) });
+        }
+    }
+    scores.clear();
+    scores.resize(group * n, 0.0);
+    let scale_of = |p: *const u8| {
+        // SAFETY: the caller's block: its f16 scale first.
+        half::f16::from_bits(unsafe { u16::from_le_bytes([*p, *p.add(1)]) }).to_f32()
+    };
+    for t in 0..n {
+        let mut acc = [_mm512_setzero_ps(); MAX_GROUP];
+        for b in 0..nb {
+            // SAFETY: block b of this head's key row at position t (the caller's contract).
+            let (kd, kv) = unsafe {
+                let p = k.add(t * row + b * Q8_0_BLOCK);
+                (
+                    scale_of(p),
+                    _mm512_cvtepi8_epi16(_mm256_loadu_si256(p.add(2).cast())),
+                )
+            };
+            for h in 0..group {
+                let dot = _mm512_cvtepi32_ps(_mm512_madd_epi16(kv, q16[h][b]));
+                acc[h] = _mm512_fmadd_ps(dot, _mm512_set1_ps(kd * qd[h][b]), acc[h]);
+            }
+        }
+        for h in 0..group {
+            scores[h * n + t] = _mm512_reduce_add_ps(acc[h]) * scale;
+        }
+    }
+    for s in scores.chunks_exact_mut(n) {
+        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let mut sum = 0f32;
+        for x in s.iter_mut() {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        for x in s.iter_mut() {
+            *x *= inv;
+        }
+    }
+    // Each head's output, 16 lanes at a time: at most 16 vectors of 16 for 256 values.
+    let mut o = [[_mm512_setzero_ps(); 16]; MAX_GROUP];
+    for t in 0..n {
+        for b in 0..nb {
+            // SAFETY: block b of this head's value row at position t (the caller's contract).
+            let (lo, hi) = unsafe {
+                let p = v.add(t * row + b * Q8_0_BLOCK);
+                let vd = _mm512_set1_ps(scale_of(p));
+                let x = _mm256_loadu_si256(p.add(2).cast());
+                (
+                    _mm512_mul_ps(
+                        vd,
+                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(x))),
+                    ),
+                    _mm512_mul_ps(
+                        vd,
+                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(x, 1))),
+                    ),
+                )
+            };
+            for h in 0..group {
+                let w = _mm512_set1_ps(scores[h * n + t]);
+                o[h][2 * b] = _mm512_fmadd_ps(w, lo, o[h][2 * b]);
+                o[h][2 * b + 1] = _mm512_fmadd_ps(w, hi, o[h][2 * b + 1]);
+            }
+        }
+    }
+    for h in 0..group {
+        for (j, lanes) in o[h][..2 * nb].iter().enumerate() {
+            // SAFETY: 16 values of head h's output, inside `out`.
+            unsafe { _mm512_storeu_ps(out[h * d + 16 * j..].as_mut_ptr(), *lanes) };
+        }
+    }
+}

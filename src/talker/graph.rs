@@ -9,8 +9,10 @@
 //!   matrices for [`LayerKernel::Packed`]) and releases their pages.
 //! - A [`State`] is one session's KV cache and its step graph: for the exact path f32 keys by
 //!   position and values transposed, attended by ggml's products and softmax; else q8_0 keys and
-//!   values by position (llama.cpp's runtime's choice), attended by ggml's flash attention, which
-//!   skips the masked keys and reads half of f16's bytes. [`State::run`] computes rows at positions `p0..`, leaving
+//!   values by position (llama.cpp's runtime's choice, half of f16's bytes), attended by ggml's
+//!   flash attention (which skips the masked keys), or, for a step under
+//!   [`LayerKernel::Packed`], by one node of the crate's own (`ffi::Context::attend_q8_row`,
+//!   which reads each key and value row once for the query heads that share it). [`State::run`] computes rows at positions `p0..`, leaving
 //!   the last row's final-normed hidden state and codec logits in [`State::hidden`] and
 //!   [`State::logits`]. A one-row step runs a graph built for every position of its block of
 //!   `BLOCK` (64) positions (the cache writes' positions are inputs, the block's later keys masked),
@@ -201,6 +203,13 @@ impl Layers {
         self.kernel
     }
 
+    /// Whether a graph of `rows` rows over q8_0 caches attends in one node of the engine's own
+    /// ([`Context::attend_q8_row`], reading the position, no mask) rather than by ggml's flash
+    /// attention: a step under [`LayerKernel::Packed`].
+    fn attends_row_itself(&self, rows: usize) -> bool {
+        rows == 1 && self.kernel == LayerKernel::Packed
+    }
+
     /// Bytes of one position's keys and values in `ty`.
     fn kv_bytes(&self, ty: GgmlType) -> usize {
         let width = (self.dims.head_dim * self.dims.n_head_kv) as u64;
@@ -233,7 +242,9 @@ impl Layers {
             At::Fixed(p0) => p0 + rows,
             At::Block { n_kv } => n_kv,
         };
-        let mask = if flash {
+        let mask = if flash && self.attends_row_itself(rows) {
+            None
+        } else if flash {
             Some(
                 c.new_tensor(GgmlType::F16, &[n_kv, rows])?
                     .set_name("in.mask"),
@@ -418,7 +429,9 @@ impl<'l> State<'l> {
             t("in.rows")?.write_f32(rows)?;
             t("in.pos")?.write_i32(&pos)?;
             if self.flash {
-                t("in.mask")?.write_bytes(&f16_mask(&self.mask))?;
+                if !layers.attends_row_itself(1) {
+                    t("in.mask")?.write_bytes(&f16_mask(&self.mask))?;
+                }
             } else {
                 for (j, v) in self.vidx.iter_mut().enumerate() {
                     *v = (p0 + self.n_ctx * j) as i32;
