@@ -1400,25 +1400,16 @@ unsafe extern "C" fn attend_q8_trampoline(
         let group = nh / nkv;
         let (g0, g1) = thread_share(nkv, ith, nth);
         let caches = ((*k).data as *const u8, (*v).data as *const u8);
+        let mut kernel: GroupKernel = attend_q8_group;
+        #[cfg(target_arch = "x86_64")]
+        if hd <= 256 && std::arch::is_x86_feature_detected!("avx512bw") {
+            kernel = attend_q8_group_avx512;
+        }
         SCORES.with_borrow_mut(|scores| {
             for g in g0..g1 {
                 let heads = g * group * hd..(g + 1) * group * hd;
                 let at = g * (hd / 32) * Q8_0_BLOCK;
-                #[cfg(target_arch = "x86_64")]
-                if hd <= 256 && std::arch::is_x86_feature_detected!("avx512bw") {
-                    attend_q8_group_avx512(
-                        &q[heads.clone()],
-                        hd,
-                        (caches.0.add(at), caches.1.add(at)),
-                        row,
-                        n,
-                        scale,
-                        scores,
-                        &mut out[heads],
-                    );
-                    continue;
-                }
-                attend_q8_group(
+                kernel(
                     &q[heads.clone()],
                     hd,
                     (caches.0.add(at), caches.1.add(at)),
@@ -1432,6 +1423,10 @@ unsafe extern "C" fn attend_q8_trampoline(
         });
     }
 }
+
+/// [`attend_q8_group`] or its AVX-512 twin.
+type GroupKernel =
+    unsafe fn(&[f32], usize, (*const u8, *const u8), usize, usize, f32, &mut Vec<f32>, &mut [f32]);
 
 std::thread_local! {
     /// [`attend_q8_group`]'s scores, per thread (grows to the longest attention, once).
@@ -1483,18 +1478,7 @@ unsafe fn attend_q8_group(
             scores[h * n + t] = sum32(acc) * scale;
         }
     }
-    for s in scores.chunks_exact_mut(n) {
-        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let mut sum = 0f32;
-        for x in s.iter_mut() {
-            *x = (*x - max).exp();
-            sum += *x;
-        }
-        let inv = 1.0 / sum;
-        for x in s.iter_mut() {
-            *x *= inv;
-        }
-    }
+    softmax_rows(scores, n);
     out.fill(0.0);
     for t in 0..n {
         for b in 0..nb {
@@ -1511,6 +1495,32 @@ unsafe fn attend_q8_group(
     }
 }
 
+/// Each row of `n` scores (one row a query head) as its softmax, in place.
+fn softmax_rows(scores: &mut [f32], n: usize) {
+    for s in scores.chunks_exact_mut(n) {
+        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let mut sum = 0f32;
+        for x in s.iter_mut() {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        for x in s.iter_mut() {
+            *x *= inv;
+        }
+    }
+}
+
+/// The scale of the q8_0 block at `p` (its first two bytes, an f16).
+///
+/// # Safety
+/// `p` points at a whole q8_0 block.
+#[inline(always)]
+unsafe fn q8_scale(p: *const u8) -> f32 {
+    // SAFETY: the caller's block starts with its scale.
+    half::f16::from_bits(unsafe { u16::from_le_bytes([*p, *p.add(1)]) }).to_f32()
+}
+
 /// The 32 values of the q8_0 block at `p`.
 ///
 /// # Safety
@@ -1520,7 +1530,7 @@ unsafe fn dequant_q8(p: *const u8, out: &mut [f32; 32]) {
     // SAFETY: the caller's block: 2 bytes of f16 scale, 32 values.
     let (scale, qs) = unsafe {
         (
-            half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32(),
+            q8_scale(p),
             std::slice::from_raw_parts(p.add(2) as *const i8, 32),
         )
     };
@@ -1571,24 +1581,21 @@ unsafe fn attend_q8_group_avx512(
     // The queries in q8_0, as 16-bit lanes per block, and their scales.
     let mut q16 = [[_mm512_setzero_si512(); 8]; MAX_GROUP];
     let mut qd = [[0f32; 8]; MAX_GROUP];
+    let Ok(bytes) = super::quantize(GgmlType::Q8_0, q, d) else {
+        return;
+    };
     for h in 0..group {
-        let Ok(bytes) = super::quantize(GgmlType::Q8_0, &q[h * d..(h + 1) * d], d) else {
-            return;
-        };
         for b in 0..nb {
-            let blk = &bytes[b * Q8_0_BLOCK..][..Q8_0_BLOCK];
-            qd[h][b] = half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
-            // SAFETY: 32 bytes of the block's values.
-            q16[h][b] =
-                _mm512_cvtepi8_epi16(unsafe { _mm256_loadu_si256(blk[2..].as_ptr().cast()) });
+            let blk = &bytes[(h * nb + b) * Q8_0_BLOCK..][..Q8_0_BLOCK];
+            // SAFETY: a whole block; 32 bytes of its values after the scale.
+            unsafe {
+                qd[h][b] = q8_scale(blk.as_ptr());
+                q16[h][b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(blk[2..].as_ptr().cast()));
+            }
         }
     }
     scores.clear();
     scores.resize(group * n, 0.0);
-    let scale_of = |p: *const u8| {
-        // SAFETY: the caller's block: its f16 scale first.
-        half::f16::from_bits(unsafe { u16::from_le_bytes([*p, *p.add(1)]) }).to_f32()
-    };
     for t in 0..n {
         let mut acc = [_mm512_setzero_ps(); MAX_GROUP];
         for b in 0..nb {
@@ -1596,7 +1603,7 @@ unsafe fn attend_q8_group_avx512(
             let (kd, kv) = unsafe {
                 let p = k.add(t * row + b * Q8_0_BLOCK);
                 (
-                    scale_of(p),
+                    q8_scale(p),
                     _mm512_cvtepi8_epi16(_mm256_loadu_si256(p.add(2).cast())),
                 )
             };
@@ -1609,18 +1616,7 @@ unsafe fn attend_q8_group_avx512(
             scores[h * n + t] = _mm512_reduce_add_ps(acc[h]) * scale;
         }
     }
-    for s in scores.chunks_exact_mut(n) {
-        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let mut sum = 0f32;
-        for x in s.iter_mut() {
-            *x = (*x - max).exp();
-            sum += *x;
-        }
-        let inv = 1.0 / sum;
-        for x in s.iter_mut() {
-            *x *= inv;
-        }
-    }
+    softmax_rows(scores, n);
     // Each head's output, 16 lanes at a time: at most 16 vectors of 16 for 256 values.
     let mut o = [[_mm512_setzero_ps(); 16]; MAX_GROUP];
     for t in 0..n {
@@ -1628,7 +1624,7 @@ unsafe fn attend_q8_group_avx512(
             // SAFETY: block b of this head's value row at position t (the caller's contract).
             let (lo, hi) = unsafe {
                 let p = v.add(t * row + b * Q8_0_BLOCK);
-                let vd = _mm512_set1_ps(scale_of(p));
+                let vd = _mm512_set1_ps(q8_scale(p));
                 let x = _mm256_loadu_si256(p.add(2).cast());
                 (
                     _mm512_mul_ps(

@@ -422,14 +422,17 @@ impl<'l> State<'l> {
             let Some((_, g)) = self.step.as_mut() else {
                 return Err(port("step graph"));
             };
-            self.mask.clear();
-            self.mask
-                .extend((0..n_kv).map(|k| if k <= p0 { 0.0 } else { f32::NEG_INFINITY }));
+            // The block's keys up to this position; built only for a graph that reads a mask.
+            let fill_mask = |mask: &mut Vec<f32>| {
+                mask.clear();
+                mask.extend((0..n_kv).map(|k| if k <= p0 { 0.0 } else { f32::NEG_INFINITY }));
+            };
             let t = |name: &'static str| g.tensor(name).ok_or_else(|| port(name));
             t("in.rows")?.write_f32(rows)?;
             t("in.pos")?.write_i32(&pos)?;
             if self.flash {
                 if !layers.attends_row_itself(1) {
+                    fill_mask(&mut self.mask);
                     t("in.mask")?.write_bytes(&f16_mask(&self.mask))?;
                 }
             } else {
@@ -437,6 +440,7 @@ impl<'l> State<'l> {
                     *v = (p0 + self.n_ctx * j) as i32;
                 }
                 t("in.vidx")?.write_i32(&self.vidx)?;
+                fill_mask(&mut self.mask);
                 t("in.mask")?.write_f32(&self.mask)?;
             }
             g.compute(pool)?;
