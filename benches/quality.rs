@@ -1,13 +1,13 @@
 //! What quantization costs, teacher-forced against f32 on the same inputs (full-size random-weight
 //! 0.6B CustomVoice): the talker's codec logits and the code predictor's logits, cosine similarity
-//! (mean and worst row) and top-1 agreement, at q8_0, q6_k, q5_k and q4_k, the talker on llama.cpp (q8_0 KV
+//! (mean and worst row) and top-1 agreement, at q8_0, q6_k, q5_k, q4_k_m and q4_k, the talker on llama.cpp (q8_0 KV
 //! cache) and on its own graph (f16 KV cache, the engine's kernels); and the decoder's waveform SNR with
 //! its matrices as bf16 (where the CPU has AMX) and q8_0 (`EngineConfig::decoder`).
 //!
 //! The f32 run generates `QTTS_BENCH_FRAMES` frames (16) greedily; its prompt rows, step inputs,
 //! talker hidden states and codes are then fed to the quantized models.
 //!
-//! Run: `cargo bench --bench quality`
+//! Run: `cargo bench --bench quality` (`QTTS_BENCH_TYPES=q4_k,q5_k` for only those types)
 
 #[path = "common/mod.rs"]
 mod common;
@@ -56,9 +56,25 @@ fn main() {
         OutType::Q6K,
         OutType::Q5K,
         OutType::Q4K,
+        OutType::Q4KM,
     ]);
     let path = |kind: &str, ty: OutType| dir.join(format!("{kind}-{}.gguf", ty.name()));
     let pool = Threadpool::new(2, &[]).unwrap();
+    // `QTTS_BENCH_TYPES=q4_k,q8_0` measures only those (all four by default).
+    let only = std::env::var("QTTS_BENCH_TYPES").ok();
+    let types: Vec<OutType> = [
+        OutType::Q8_0,
+        OutType::Q6K,
+        OutType::Q5K,
+        OutType::Q4KM,
+        OutType::Q4K,
+    ]
+    .into_iter()
+    .filter(|t| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|n| n == t.name()))
+    })
+    .collect();
 
     // The f32 reference run.
     let talker = Talker::load(path("talker", OutType::F32)).unwrap();
@@ -167,7 +183,7 @@ fn main() {
         "{:<8} {:<16} {:>12} {:>12} {:>8}",
         "type", "logits", "mean cosine", "worst", "top-1"
     );
-    for ty in [OutType::Q8_0, OutType::Q6K, OutType::Q5K, OutType::Q4K] {
+    for &ty in &types {
         let (l, _) = forward(ty);
         let (m, w, t) = compare(&ref_logits, &l, 3072);
         println!(
@@ -219,7 +235,7 @@ fn main() {
     }
     // Each file's decoder as the engine loads it by default: the matrices in the file's types.
     let default = DecoderWeights::fastest();
-    for ty in [OutType::Q8_0, OutType::Q6K, OutType::Q5K, OutType::Q4K] {
+    for &ty in &types {
         let f = GgufFile::open(path("mmproj", ty)).unwrap();
         println!(
             "decoder of mmproj-{}.gguf, {} (the default): SNR {:.1} dB against f32",

@@ -32,17 +32,31 @@ pub enum OutType {
     /// 6-bit k-quants (ggml q6_K): the talker's and code predictor's products by ggml.
     #[value(name = "q6_k")]
     Q6K,
-    /// 5-bit k-quants (ggml q5_K): the smallest that meets cosine 0.99 on random weights
-    /// (PERFORMANCE.md).
+    /// 5-bit k-quants (ggml q5_K): the smallest single type that meets cosine 0.99 on random
+    /// weights (PERFORMANCE.md).
     #[value(name = "q5_k")]
     Q5K,
-    /// 4-bit k-quants (ggml q4_K).
+    /// 4-bit k-quants (ggml q4_K) throughout: the fastest, under cosine 0.99 on random weights.
     #[value(name = "q4_k")]
     Q4K,
+    /// q4_K with the output heads in q8_0, and the code predictor's layers and the talker's value,
+    /// output and down projections in q5_K (as llama.cpp's Q4_K_M mixes types): meets cosine 0.99
+    /// on random weights (PERFORMANCE.md, `model::layout::q4k_mixed`).
+    #[value(name = "q4_k_m")]
+    Q4KM,
 }
 
 impl OutType {
-    /// The ggml type of matrices.
+    /// The type asked for matrix `tensor` (a GGUF name); its role may store it otherwise
+    /// ([`OutTensor::storage_type`]).
+    pub fn request(self, tensor: &str) -> GgmlType {
+        match self {
+            OutType::Q4KM => super::layout::q4k_mixed(tensor),
+            _ => self.ggml(),
+        }
+    }
+
+    /// The ggml type of most matrices.
     pub fn ggml(self) -> GgmlType {
         match self {
             OutType::F32 => GgmlType::F32,
@@ -50,7 +64,7 @@ impl OutType {
             OutType::Q8_0 => GgmlType::Q8_0,
             OutType::Q6K => GgmlType::Q6K,
             OutType::Q5K => GgmlType::Q5K,
-            OutType::Q4K => GgmlType::Q4K,
+            OutType::Q4K | OutType::Q4KM => GgmlType::Q4K,
         }
     }
 
@@ -62,7 +76,8 @@ impl OutType {
             OutType::Q8_0 => 7,
             OutType::Q6K => 18,
             OutType::Q5K => 17,
-            OutType::Q4K => 15,
+            OutType::Q4K => 14,
+            OutType::Q4KM => 15,
         }
     }
 
@@ -75,6 +90,7 @@ impl OutType {
             OutType::Q6K => "q6_k",
             OutType::Q5K => "q5_k",
             OutType::Q4K => "q4_k",
+            OutType::Q4KM => "q4_k_m",
         }
     }
 }
@@ -553,18 +569,25 @@ pub fn convert(
     let ckpt = Checkpoint::open(dir)?;
     let vocab = read_vocab(tokenizer_dir.unwrap_or(dir), &ckpt)?;
     let lay = layout(&ckpt.config, ckpt.specs());
-    let req = ty.ggml();
     let talker_plan = {
         let mut p = talker_metadata(&ckpt, &vocab, ty)?;
         for t in &lay.talker {
-            p.add_tensor(t.name.clone(), t.ne.clone(), t.storage_type(req));
+            p.add_tensor(
+                t.name.clone(),
+                t.ne.clone(),
+                t.storage_type(ty.request(&t.name)),
+            );
         }
         p
     };
     let mmproj_plan = {
         let mut p = mmproj_metadata(&ckpt, ty)?;
         for t in &lay.mmproj {
-            p.add_tensor(t.name.clone(), t.ne.clone(), t.storage_type(req));
+            p.add_tensor(
+                t.name.clone(),
+                t.ne.clone(),
+                t.storage_type(ty.request(&t.name)),
+            );
         }
         p
     };
@@ -582,7 +605,7 @@ pub fn convert(
 
     let mut w = Writer::create(&talker_path, &talker_plan)?;
     for t in &lay.talker {
-        let st = t.storage_type(req);
+        let st = t.storage_type(ty.request(&t.name));
         if t.source == Source::TokenEmbd {
             write_token_embd(&ckpt, &mut w, t, st)?;
         } else {
@@ -596,7 +619,7 @@ pub fn convert(
 
     let mut w = Writer::create(&mmproj_path, &mmproj_plan)?;
     for t in &lay.mmproj {
-        let st = t.storage_type(req);
+        let st = t.storage_type(ty.request(&t.name));
         let v = source_values(&ckpt, t)?;
         w.write_tensor(&t.name, &encode(st, &v, t.ne[0] as usize)?)?;
         done += st.nbytes(&t.ne).unwrap_or(0);
