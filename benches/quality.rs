@@ -1,6 +1,6 @@
 //! What quantization costs, teacher-forced against f32 on the same inputs (full-size random-weight
 //! 0.6B CustomVoice): the talker's codec logits and the code predictor's logits, cosine similarity
-//! (mean and worst row) and top-1 agreement, at q8_0, q6_k, q5_k, q4_k_m and q4_k, the talker on llama.cpp (q8_0 KV
+//! (mean and worst row) and top-1 agreement, at q8_0, q6_k, q5_k and q4_k, the talker on llama.cpp (q8_0 KV
 //! cache) and on its own graph (f16 KV cache, the engine's kernels); and the decoder's waveform SNR with
 //! its matrices as bf16 (where the CPU has AMX) and q8_0 (`EngineConfig::decoder`).
 //!
@@ -56,25 +56,18 @@ fn main() {
         OutType::Q6K,
         OutType::Q5K,
         OutType::Q4K,
-        OutType::Q4KM,
     ]);
     let path = |kind: &str, ty: OutType| dir.join(format!("{kind}-{}.gguf", ty.name()));
     let pool = Threadpool::new(2, &[]).unwrap();
     // `QTTS_BENCH_TYPES=q4_k,q8_0` measures only those (all four by default).
     let only = std::env::var("QTTS_BENCH_TYPES").ok();
-    let types: Vec<OutType> = [
-        OutType::Q8_0,
-        OutType::Q6K,
-        OutType::Q5K,
-        OutType::Q4KM,
-        OutType::Q4K,
-    ]
-    .into_iter()
-    .filter(|t| {
-        only.as_deref()
-            .is_none_or(|o| o.split(',').any(|n| n == t.name()))
-    })
-    .collect();
+    let types: Vec<OutType> = [OutType::Q8_0, OutType::Q6K, OutType::Q5K, OutType::Q4K]
+        .into_iter()
+        .filter(|t| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|n| n == t.name()))
+        })
+        .collect();
 
     // The f32 reference run.
     let talker = Talker::load(path("talker", OutType::F32)).unwrap();

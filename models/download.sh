@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Download an official Qwen3-TTS checkpoint and convert it for qtts.
-# Usage: models/download.sh Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice [f32|f16|q8_0|q4_k]
+# Usage: models/download.sh Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice [f32|f16|q8_0|q6_k|q5_k|q4_k]
 # Needs the Hugging Face CLI (pip install -U "huggingface_hub[cli]") and network access to the hub.
 set -euo pipefail
 repo="${1:?usage: download.sh <hf-repo> [type]}"

@@ -303,12 +303,12 @@ fn storage_types_follow_the_roles() {
     );
 }
 
-/// q4_k_m on a model whose rows are whole q4_K blocks (256): the output heads and the tables in
-/// q8_0, the code predictor's layers and the talker's value and down projections in q5_K, the rest
-/// of the talker in q4_K, the decoder's matrices f16 as in every file; q4_k keeps its tables in q8_0
-/// too, and its matrices in q4_K.
+/// On a model whose rows are whole q4_K blocks (256): a k-quant file stores its matrices in its
+/// type and its lookup tables (the talker's token embedding, the code predictor's codec
+/// embeddings and its copy of the talker's) in q8_0 (`Role::Table`); q8_0, f16 and f32 files
+/// store the tables in their own type.
 #[test]
-fn q4_k_m_stores_each_matrix_in_its_type() {
+fn k_quant_files_keep_their_tables_in_q8_0() {
     let mut cfg =
         qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
     let t = &mut cfg.tts.talker_config;
@@ -316,54 +316,44 @@ fn q4_k_m_stores_each_matrix_in_its_type() {
     t.rope_scaling.mrope_section = vec![12, 10, 10];
     let cp = &mut t.code_predictor_config;
     (cp.hidden_size, cp.intermediate_size, cp.head_dim) = (256, 512, 64);
-    let (_tmp, out) = common::random_converted(&cfg, 3, OutType::Q4KM);
-    let talker = GgufFile::open(&out.talker).unwrap();
-    let mmproj = GgufFile::open(&out.mmproj).unwrap();
-    let ty = |f: &GgufFile, n: &str| f.header.tensor(n).unwrap().ty;
-    for (n, want) in [
-        ("token_embd.weight", GgmlType::Q8_0),
-        ("output.weight", GgmlType::Q8_0),
-        ("blk.0.attn_q.weight", GgmlType::Q4K),
-        ("blk.0.attn_k.weight", GgmlType::Q4K),
-        ("blk.1.attn_v.weight", GgmlType::Q5K),
-        ("blk.1.attn_output.weight", GgmlType::Q5K),
-        ("blk.1.ffn_gate.weight", GgmlType::Q4K),
-        ("blk.1.ffn_up.weight", GgmlType::Q4K),
-        ("blk.1.ffn_down.weight", GgmlType::Q5K),
+    let tables = [
+        "token_embd.weight",
+        "a.gen.code.embd.weight",
+        "a.gen.code.out_embd.weight",
+    ];
+    let matrices = [
+        "output.weight",
+        "blk.1.attn_v.weight",
+        "blk.1.ffn_down.weight",
+        "a.gen.code.head.weight",
+        "a.gen.code.blk.0.attn_q.weight",
+        "a.gen.code.blk.0.ffn_gate.weight",
+    ];
+    for (ty, table, matrix) in [
+        (OutType::Q4K, GgmlType::Q8_0, GgmlType::Q4K),
+        (OutType::Q5K, GgmlType::Q8_0, GgmlType::Q5K),
+        (OutType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0),
+        (OutType::F16, GgmlType::F16, GgmlType::F16),
     ] {
-        assert_eq!(ty(&talker, n), want, "talker {n}");
+        let (_tmp, out) = common::random_converted(&cfg, 3, ty);
+        let talker = GgufFile::open(&out.talker).unwrap();
+        let mmproj = GgufFile::open(&out.mmproj).unwrap();
+        let ty_of = |n: &str| {
+            let f = if n.starts_with("a.gen.") {
+                &mmproj
+            } else {
+                &talker
+            };
+            f.header.tensor(n).unwrap().ty
+        };
+        for n in tables {
+            assert_eq!(ty_of(n), table, "{ty:?} {n}");
+        }
+        for n in matrices {
+            assert_eq!(ty_of(n), matrix, "{ty:?} {n}");
+        }
+        qtts::model::validate::mmproj_file(&out.mmproj).unwrap();
     }
-    for (n, want) in [
-        ("a.gen.code.embd.weight", GgmlType::Q8_0),
-        ("a.gen.code.out_embd.weight", GgmlType::Q8_0),
-        ("a.gen.code.head.weight", GgmlType::Q8_0),
-        ("a.gen.code.blk.0.attn_q.weight", GgmlType::Q5K),
-        ("a.gen.code.blk.0.attn_v.weight", GgmlType::Q5K),
-        ("a.gen.code.blk.0.ffn_gate.weight", GgmlType::Q5K),
-        ("a.gen.code.blk.0.ffn_down.weight", GgmlType::Q5K),
-        ("a.gen.wav.tfm.blk.0.attn_q.weight", GgmlType::F16),
-    ] {
-        assert_eq!(ty(&mmproj, n), want, "mmproj {n}");
-    }
-    assert_eq!(
-        talker
-            .header
-            .get("general.file_type")
-            .and_then(|v| v.as_i64()),
-        Some(15),
-        "llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M"
-    );
-    qtts::model::validate::mmproj_file(&out.mmproj).unwrap();
-
-    let (_tmp, out) = common::random_converted(&cfg, 3, OutType::Q4K);
-    let talker = GgufFile::open(&out.talker).unwrap();
-    let mmproj = GgufFile::open(&out.mmproj).unwrap();
-    assert_eq!(ty(&talker, "token_embd.weight"), GgmlType::Q8_0);
-    assert_eq!(ty(&talker, "output.weight"), GgmlType::Q4K);
-    assert_eq!(ty(&talker, "blk.1.ffn_down.weight"), GgmlType::Q4K);
-    assert_eq!(ty(&mmproj, "a.gen.code.embd.weight"), GgmlType::Q8_0);
-    assert_eq!(ty(&mmproj, "a.gen.code.head.weight"), GgmlType::Q4K);
-    assert_eq!(ty(&mmproj, "a.gen.code.blk.0.attn_q.weight"), GgmlType::Q4K);
 }
 
 #[test]

@@ -36,27 +36,13 @@ pub enum OutType {
     /// weights (PERFORMANCE.md).
     #[value(name = "q5_k")]
     Q5K,
-    /// 4-bit k-quants (ggml q4_K) throughout: the fastest, under cosine 0.99 on random weights.
+    /// 4-bit k-quants (ggml q4_K): the fastest, under cosine 0.99 on random weights.
     #[value(name = "q4_k")]
     Q4K,
-    /// q4_K with the output heads in q8_0, and the code predictor's layers and the talker's value,
-    /// output and down projections in q5_K (as llama.cpp's Q4_K_M mixes types): meets cosine 0.99
-    /// on random weights (PERFORMANCE.md, `model::layout::q4k_mixed`).
-    #[value(name = "q4_k_m")]
-    Q4KM,
 }
 
 impl OutType {
-    /// The type asked for matrix `tensor` (a GGUF name); its role may store it otherwise
-    /// ([`OutTensor::storage_type`]).
-    pub fn request(self, tensor: &str) -> GgmlType {
-        match self {
-            OutType::Q4KM => super::layout::q4k_mixed(tensor),
-            _ => self.ggml(),
-        }
-    }
-
-    /// The ggml type of most matrices.
+    /// The ggml type of matrices.
     pub fn ggml(self) -> GgmlType {
         match self {
             OutType::F32 => GgmlType::F32,
@@ -64,7 +50,7 @@ impl OutType {
             OutType::Q8_0 => GgmlType::Q8_0,
             OutType::Q6K => GgmlType::Q6K,
             OutType::Q5K => GgmlType::Q5K,
-            OutType::Q4K | OutType::Q4KM => GgmlType::Q4K,
+            OutType::Q4K => GgmlType::Q4K,
         }
     }
 
@@ -76,8 +62,7 @@ impl OutType {
             OutType::Q8_0 => 7,
             OutType::Q6K => 18,
             OutType::Q5K => 17,
-            OutType::Q4K => 14,
-            OutType::Q4KM => 15,
+            OutType::Q4K => 15,
         }
     }
 
@@ -90,7 +75,6 @@ impl OutType {
             OutType::Q6K => "q6_k",
             OutType::Q5K => "q5_k",
             OutType::Q4K => "q4_k",
-            OutType::Q4KM => "q4_k_m",
         }
     }
 }
@@ -572,22 +556,14 @@ pub fn convert(
     let talker_plan = {
         let mut p = talker_metadata(&ckpt, &vocab, ty)?;
         for t in &lay.talker {
-            p.add_tensor(
-                t.name.clone(),
-                t.ne.clone(),
-                t.storage_type(ty.request(&t.name)),
-            );
+            p.add_tensor(t.name.clone(), t.ne.clone(), t.storage_type(ty.ggml()));
         }
         p
     };
     let mmproj_plan = {
         let mut p = mmproj_metadata(&ckpt, ty)?;
         for t in &lay.mmproj {
-            p.add_tensor(
-                t.name.clone(),
-                t.ne.clone(),
-                t.storage_type(ty.request(&t.name)),
-            );
+            p.add_tensor(t.name.clone(), t.ne.clone(), t.storage_type(ty.ggml()));
         }
         p
     };
@@ -605,7 +581,7 @@ pub fn convert(
 
     let mut w = Writer::create(&talker_path, &talker_plan)?;
     for t in &lay.talker {
-        let st = t.storage_type(ty.request(&t.name));
+        let st = t.storage_type(ty.ggml());
         if t.source == Source::TokenEmbd {
             write_token_embd(&ckpt, &mut w, t, st)?;
         } else {
@@ -619,7 +595,7 @@ pub fn convert(
 
     let mut w = Writer::create(&mmproj_path, &mmproj_plan)?;
     for t in &lay.mmproj {
-        let st = t.storage_type(ty.request(&t.name));
+        let st = t.storage_type(ty.ggml());
         let v = source_values(&ckpt, t)?;
         w.write_tensor(&t.name, &encode(st, &v, t.ne[0] as usize)?)?;
         done += st.nbytes(&t.ne).unwrap_or(0);

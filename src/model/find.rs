@@ -26,10 +26,9 @@ pub struct FoundModel {
     pub builtin: bool,
 }
 
-/// The storage types in order of preference: q8_0 is near-lossless and fast; q6_k, q5_k and q4_k_m
-/// faster and within cosine 0.99 of f32 (PERFORMANCE.md); q4_k fastest and coarser; f16 and f32
-/// slower.
-const TYPES: [&str; 7] = ["q8_0", "q6_k", "q5_k", "q4_k_m", "q4_k", "f16", "f32"];
+/// The storage types in order of preference: q8_0 is near-lossless and fast; q6_k and q5_k faster
+/// and within cosine 0.99 of f32 (PERFORMANCE.md); q4_k fastest and coarser; f16 and f32 slower.
+const TYPES: [&str; 6] = ["q8_0", "q6_k", "q5_k", "q4_k", "f16", "f32"];
 
 /// The GGUF pair in `dir`, the preferred type first.
 pub fn pair_in(dir: &Path) -> Option<ModelFiles> {
@@ -75,7 +74,7 @@ fn describe(files: &ModelFiles) -> (String, (u8, u8, usize)) {
 
 /// The usable models under `dir` (each subdirectory holding a pair), best first: CustomVoice
 /// (named speakers, speaks without a reference) before VoiceDesign before Base, 0.6B before 1.7B
-/// (real time on small CPUs), then by type: q8_0, q6_k, q5_k, q4_k_m, q4_k, f16, f32.
+/// (real time on small CPUs), then by type: q8_0, q6_k, q5_k, q4_k, f16, f32.
 pub fn scan(dir: &Path) -> Vec<FoundModel> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();

@@ -40,8 +40,8 @@ pub enum Role {
     Matrix,
     /// A lookup table (the embeddings): rows are gathered, a few a frame, never streamed, so a
     /// coarse type saves file bytes and no time. Stored in the requested type down to q8_0, and
-    /// in q8_0 when a k-quant is asked: at q4_K the code predictor's tables had cost its logits
-    /// most of their error (PERFORMANCE.md, "Lookup tables in q8_0").
+    /// in q8_0 when a k-quant is asked: at q4_K the code predictor's tables had been a fifth of
+    /// its logits' error (PERFORMANCE.md, "Lookup tables in q8_0").
     Table,
     /// A norm weight, bias, scale or other 1-D tensor: always f32.
     Vector,
@@ -93,31 +93,6 @@ impl OutTensor {
                     .unwrap_or(GgmlType::F32)
             }
         }
-    }
-}
-
-/// The type a q4_k_m file asks for tensor `name`: q4_K, with the matrices whose error reaches the
-/// logits most in finer types, as llama.cpp's Q4_K_M does for its models. The output heads (the
-/// talker's codec head, the code predictor's 15) in q8_0; the code predictor's other matrices and
-/// the talker's value, output and down projections in q5_K; the rest of the talker in q4_K.
-/// (Tables are q8_0 in every k-quant file, [`Role::Table`].)
-///
-/// Chosen by measurement on the full-size random 0.6B (PERFORMANCE.md, "q4_k_m"): q4_K throughout
-/// gave logits cosine 0.985 (talker) and 0.980 (code predictor), under issue 7's 0.99; this mix
-/// gives 0.9934 and 0.9954, for 9 % more bytes a frame in the talker and 25 % in the code
-/// predictor.
-pub fn q4k_mixed(name: &str) -> GgmlType {
-    let talker_layer = |suffix: &str| name.starts_with("blk.") && name.ends_with(suffix);
-    if name == "output.weight" || name == "a.gen.code.head.weight" {
-        GgmlType::Q8_0
-    } else if name.starts_with("a.gen.code.")
-        || talker_layer(".attn_v.weight")
-        || talker_layer(".attn_output.weight")
-        || talker_layer(".ffn_down.weight")
-    {
-        GgmlType::Q5K
-    } else {
-        GgmlType::Q4K
     }
 }
 
