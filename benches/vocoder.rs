@@ -3,7 +3,7 @@
 //! (`Context::conv_gemm`, the default) from f32 and f16 files, and every matrix as q8_0 at load.
 //! The decoder's ≈ 5 GFLOP per frame (MODEL-NOTES.md §7) gives GFLOP/s. Then the fused SnakeBeta
 //! against the five ggml ops it replaced (`snakebeta` group), host f32 and q8_0 matrices, 1
-//! thread, 1 frame per call.
+//! thread, 1 frame per call. Then SnakeBeta's row kernels alone (`snakebeta rows` group).
 //!
 //! Run with: `QTTS_BENCH_MODELS=<dir with mmproj-f32.gguf, mmproj-f16.gguf> cargo bench --bench vocoder`
 //! (without it, the models are made once under the target directory, as in `benches/code_predictor.rs`).
@@ -103,5 +103,48 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// SnakeBeta's kernels (`vocoder::snake::row_with`) alone, on the rows of one frame: each
+/// upsampling block's seven activations at its width (768, 384, 192 and 96 channels at 32,
+/// 160, 640 and 1920 rows a frame; the first block's input and the last activation are left
+/// out), about 2.75 M values. The scalar kernel is the in-run baseline.
+fn snake_rows(c: &mut Criterion) {
+    use qtts::vocoder::snake::{row_with, Kernel};
+    let shapes = [(768usize, 32usize), (384, 160), (192, 640), (96, 1920)];
+    let max = shapes.iter().map(|&(ch, r)| ch * r).max().unwrap_or(0);
+    let x: Vec<f32> = (0..max)
+        .map(|i| ((i * 7919 % 2001) as f32 - 1000.0) * 0.002)
+        .collect();
+    let mut y = vec![0f32; max];
+    let params = |ch: usize| -> (Vec<f32>, Vec<f32>) {
+        let alpha = (0..ch).map(|i| 0.5 + (i % 13) as f32 * 0.3).collect();
+        let inv_beta = (0..ch).map(|i| 1.0 / (1.0 + (i % 7) as f32)).collect();
+        (alpha, inv_beta)
+    };
+    let params: Vec<_> = shapes.iter().map(|&(ch, _)| params(ch)).collect();
+    let values: usize = shapes.iter().map(|&(ch, r)| 7 * ch * r).sum();
+    let mut g = c.benchmark_group("snakebeta rows of one frame, 1 thread");
+    g.throughput(Throughput::Elements(values as u64));
+    for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512] {
+        if !kernel.available() {
+            continue;
+        }
+        g.bench_function(format!("{kernel:?}"), |b| {
+            b.iter(|| {
+                for (&(ch, rows), (alpha, inv_beta)) in shapes.iter().zip(&params) {
+                    for _ in 0..7 {
+                        for (xr, yr) in x[..ch * rows]
+                            .chunks_exact(ch)
+                            .zip(y[..ch * rows].chunks_exact_mut(ch))
+                        {
+                            row_with(kernel, xr, alpha, inv_beta, yr);
+                        }
+                    }
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, snake_rows);
 criterion_main!(benches);

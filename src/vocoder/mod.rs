@@ -28,7 +28,7 @@
 //!   tensors share one buffer sized to the graph's peak (ggml's graph allocator).
 //! - Speed: PERFORMANCE.md (about 5 GFLOP per frame; not yet real time on 2 AVX2 cores).
 
-mod snake;
+pub mod snake;
 
 use std::collections::BTreeMap;
 
