@@ -277,13 +277,16 @@ fn bf16_conv_on_amx_tiles_is_the_bf16_sum_in_any_chunking() {
 #[test]
 fn conv_gemm_adds_bias_then_residual_as_separate_adds_would() {
     // f32 products everywhere, and bf16 tiles where AMX is: (c_in, taps, dilation, n, t_out,
-    // bias length), the bias shorter than the row where it repeats (a transposed conv's).
+    // bias length), the bias shorter than the row where it repeats (a transposed conv's), up to
+    // five times.
     for bf16 in [false, amx::available()] {
         for (c_in, taps, dilation, n, t_out, b) in [
             (32, 1, 1, 64, 5, 64),
             (64, 7, 3, 96, 40, 96),
             (32, 3, 1, 96, 33, 32),
             (64, 1, 1, 128, 17, 64),
+            // More than three repeats of the bias in a row.
+            (32, 1, 1, 160, 9, 32),
         ] {
             let w = values(taps * c_in * n, 1);
             let x = values((t_out + (taps - 1) * dilation) * c_in, 2);
