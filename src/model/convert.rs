@@ -553,17 +553,18 @@ pub fn convert(
     let ckpt = Checkpoint::open(dir)?;
     let vocab = read_vocab(tokenizer_dir.unwrap_or(dir), &ckpt)?;
     let lay = layout(&ckpt.config, ckpt.specs());
+    let req = ty.ggml();
     let talker_plan = {
         let mut p = talker_metadata(&ckpt, &vocab, ty)?;
         for t in &lay.talker {
-            p.add_tensor(t.name.clone(), t.ne.clone(), t.storage_type(ty.ggml()));
+            p.add_tensor(t.name.clone(), t.ne.clone(), t.storage_type(req));
         }
         p
     };
     let mmproj_plan = {
         let mut p = mmproj_metadata(&ckpt, ty)?;
         for t in &lay.mmproj {
-            p.add_tensor(t.name.clone(), t.ne.clone(), t.storage_type(ty.ggml()));
+            p.add_tensor(t.name.clone(), t.ne.clone(), t.storage_type(req));
         }
         p
     };
@@ -581,7 +582,7 @@ pub fn convert(
 
     let mut w = Writer::create(&talker_path, &talker_plan)?;
     for t in &lay.talker {
-        let st = t.storage_type(ty.ggml());
+        let st = t.storage_type(req);
         if t.source == Source::TokenEmbd {
             write_token_embd(&ckpt, &mut w, t, st)?;
         } else {
@@ -595,7 +596,7 @@ pub fn convert(
 
     let mut w = Writer::create(&mmproj_path, &mmproj_plan)?;
     for t in &lay.mmproj {
-        let st = t.storage_type(ty.ggml());
+        let st = t.storage_type(req);
         let v = source_values(&ckpt, t)?;
         w.write_tensor(&t.name, &encode(st, &v, t.ne[0] as usize)?)?;
         done += st.nbytes(&t.ne).unwrap_or(0);

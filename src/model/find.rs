@@ -212,3 +212,29 @@ pub fn builtin(cache: &Path) -> Result<FoundModel, ModelError> {
         builtin: true,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pair is found for every type `qtts convert` writes, q8_0 first when several are there;
+    /// half a pair is not a pair.
+    #[test]
+    fn pairs_of_every_converted_type_are_found_preferred_type_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let touch = |name: &str| std::fs::write(dir.join(name), b"").unwrap();
+        let talker = |ty: &str| dir.join(format!("talker-{ty}.gguf"));
+        touch("talker-q8_0.gguf");
+        assert!(pair_in(dir).is_none(), "a talker alone");
+        std::fs::remove_file(talker("q8_0")).unwrap();
+        // From the least preferred type to the most: each new pair is the one found.
+        for ty in ["f32", "f16", "q4_k", "q5_k", "q6_k", "q8_0"] {
+            touch(&format!("talker-{ty}.gguf"));
+            touch(&format!("mmproj-{ty}.gguf"));
+            let found = pair_in(dir).unwrap();
+            assert_eq!(found.talker, talker(ty), "{ty}");
+            assert_eq!(found.mmproj, dir.join(format!("mmproj-{ty}.gguf")), "{ty}");
+        }
+    }
+}
