@@ -115,7 +115,7 @@ impl GgmlType {
     }
 
     /// Bytes per block.
-    pub fn type_size(self) -> u64 {
+    pub const fn type_size(self) -> u64 {
         use GgmlType::*;
         match self {
             F32 | I32 => 4,

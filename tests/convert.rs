@@ -309,11 +309,8 @@ fn storage_types_follow_the_roles() {
 /// store the tables in their own type.
 #[test]
 fn k_quant_files_keep_their_tables_in_q8_0() {
-    let mut cfg =
-        qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
+    let mut cfg = common::tiny_talker_256();
     let t = &mut cfg.tts.talker_config;
-    (t.hidden_size, t.intermediate_size, t.head_dim) = (256, 512, 64);
-    t.rope_scaling.mrope_section = vec![12, 10, 10];
     let cp = &mut t.code_predictor_config;
     (cp.hidden_size, cp.intermediate_size, cp.head_dim) = (256, 512, 64);
     let tables = [

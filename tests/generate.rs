@@ -567,11 +567,7 @@ fn shared_prefix_is_reused(talker: &Talker) {
 /// graph's steps cross two blocks of positions.
 #[test]
 fn graph_talker_steps_follow_llama_cpp_at_q4k() {
-    let mut cfg =
-        qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
-    let t = &mut cfg.tts.talker_config;
-    (t.hidden_size, t.intermediate_size, t.head_dim) = (256, 512, 64);
-    t.rope_scaling.mrope_section = vec![12, 10, 10];
+    let cfg = common::tiny_talker_256();
     let (_tmp, out) = common::random_converted(&cfg, 11, OutType::Q4K);
     let f = GgufFile::open(&out.talker).unwrap();
     let q4k = f

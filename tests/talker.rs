@@ -168,11 +168,8 @@ fn joined_products_give_the_logits_of_separate_ones() {
     use qtts::code_predictor::LayerKernel;
     use qtts::gguf::GgufFile;
     use qtts::talker::graph::{Layers, State};
-    let mut cfg =
-        qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
-    let t = &mut cfg.tts.talker_config;
-    (t.hidden_size, t.intermediate_size, t.head_dim) = (256, 512, 64);
-    t.rope_scaling.mrope_section = vec![12, 10, 10];
+    let cfg = common::tiny_talker_256();
+    let t = &cfg.tts.talker_config;
     let (n_layer, h) = (t.num_hidden_layers as usize, t.hidden_size as usize);
     let (_tmp, out) = common::random_converted(&cfg, 13, OutType::Q8_0);
     let f = GgufFile::open(&out.talker).unwrap();

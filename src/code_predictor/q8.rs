@@ -35,7 +35,7 @@ use super::quant::{quantize_block, with_inputs, Fill};
 /// Weights per q8_0 block.
 pub const BLOCK: usize = 32;
 /// Bytes per q8_0 block.
-pub const BLOCK_BYTES: usize = 34;
+pub const BLOCK_BYTES: usize = crate::gguf::GgmlType::Q8_0.type_size() as usize;
 
 /// Rows per packed group.
 pub const GROUP: usize = super::quant::GROUP;

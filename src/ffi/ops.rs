@@ -1301,7 +1301,7 @@ impl Context {
 }
 
 /// Bytes of a q8_0 block: an f16 scale, then 32 signed values.
-const Q8_0_BLOCK: usize = 34;
+const Q8_0_BLOCK: usize = GgmlType::Q8_0.type_size() as usize;
 /// The most query heads a key/value head serves in [`Context::attend_q8_row`].
 const MAX_GROUP: usize = 8;
 

@@ -94,6 +94,17 @@ pub fn tiny_random(
     random_converted(&cfg, seed, qtts::model::convert::OutType::F32)
 }
 
+/// The tiny 0.6B CustomVoice configs with a small decoder and the talker widened to 256 values a
+/// row (q4_K's block), so that a k-quant conversion stores its layers in that type.
+pub fn tiny_talker_256() -> qtts::model::config::CheckpointConfig {
+    let mut cfg =
+        qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
+    let t = &mut cfg.tts.talker_config;
+    (t.hidden_size, t.intermediate_size, t.head_dim) = (256, 512, 64);
+    t.rope_scaling.mrope_section = vec![12, 10, 10];
+    cfg
+}
+
 /// A random checkpoint of `cfg` (with the tiny tokenizer), converted to `ty` in a temporary
 /// directory (`gguf/` in it).
 pub fn random_converted(
