@@ -167,24 +167,13 @@ pub(crate) fn layer<'a>(
     let q = c.rope_neox(q, pos, hd, d.theta)?;
     let k = c.mul(c.rms_norm(k, d.eps)?, w("attn_k_norm.weight")?)?;
     let k = c.rope_neox(k, pos, hd, d.theta)?;
-    if let Kv::Flash { k: ck, v: cv, n_kv } = kv {
-        let rows_of = |t: Tensor<'a>| c.reshape(t, [hd * nkv, rows, 1]);
-        writes.push(c.set_rows(ck, rows_of(k)?, pos)?);
-        writes.push(c.set_rows(cv, rows_of(v)?, pos)?);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let o = match mask {
-            Some(mask) => c.flash_attn_cache(q, ck, cv, n_kv, nkv, mask, scale)?,
-            // One row under the engine's kernels: the keys up to its position, in one node.
-            None => c.attend_q8_row(q, ck, cv, pos, nkv, scale)?,
-        };
-        return feed_forward(c, w, names, d, x, o, kernel);
-    }
-    // Keys as [hd, n_kv, nkv] and values as [n_kv, hd, nkv] (positions first, for the sum).
-    let (keys, vals) = match kv {
-        Kv::Inline => (
-            c.permute(k, [0, 2, 1, 3])?,
-            c.cont(c.permute(c.reshape(v, [hd, nkv, rows])?, [1, 2, 0, 3])?)?,
-        ),
+    let scale = 1.0 / (hd as f32).sqrt();
+    let o = match kv {
+        Kv::Inline => {
+            let keys = c.permute(k, [0, 2, 1, 3])?;
+            let vals = c.cont(c.permute(c.reshape(v, [hd, nkv, rows])?, [1, 2, 0, 3])?)?;
+            softmax_attention(c, q, (keys, vals), mask, scale)?
+        }
         Kv::Cache { k: ck, v: cv, p0 } => {
             let n_ctx = ck.ne()[2];
             let esz = ck.nbytes() / ck.n_elems();
@@ -194,15 +183,7 @@ pub(crate) fn layer<'a>(
             let vt = c.permute(c.reshape(v, [hd * nkv, rows, 1])?, [1, 0, 2, 3])?;
             let vb = [vsz, vsz * n_ctx, vsz * n_ctx * hd * nkv];
             writes.push(c.copy_into(vt, c.view(cv, [rows, hd * nkv, 1], vb, p0 * vsz)?)?);
-            read_cache(c, ck, cv, p0 + rows, d)?
-        }
-        // Attended above; kept apart so that the match covers every source.
-        Kv::Flash { .. } => {
-            return Err(GgmlError::Shape {
-                what: "flash attention",
-                expected: "attended before the key reads".into(),
-                found: "a second pass".into(),
-            })
+            softmax_attention(c, q, read_cache(c, ck, cv, p0 + rows, d)?, mask, scale)?
         }
         Kv::Indexed {
             k: ck,
@@ -219,14 +200,37 @@ pub(crate) fn layer<'a>(
             let all = n_ctx * hd * nkv;
             let vals_1 = c.view(cv, [1, all, 1], [vsz, vsz, vsz * all], 0)?;
             writes.push(c.set_rows(vals_1, c.reshape(v, [1, hd * nkv * rows, 1])?, v_idx)?);
-            read_cache(c, ck, cv, n_kv, d)?
+            softmax_attention(c, q, read_cache(c, ck, cv, n_kv, d)?, mask, scale)?
+        }
+        Kv::Flash { k: ck, v: cv, n_kv } => {
+            let rows_of = |t: Tensor<'a>| c.reshape(t, [hd * nkv, rows, 1]);
+            writes.push(c.set_rows(ck, rows_of(k)?, pos)?);
+            writes.push(c.set_rows(cv, rows_of(v)?, pos)?);
+            match mask {
+                Some(mask) => c.flash_attn_cache(q, ck, cv, n_kv, nkv, mask, scale)?,
+                // One row under the engine's kernels: the keys up to its position, in one node.
+                None => c.attend_q8_row(q, ck, cv, pos, nkv, scale)?,
+            }
         }
     };
-    let kq = c.mul_mat(keys, c.permute(q, [0, 2, 1, 3])?)?;
-    let kq = c.soft_max(kq, mask, 1.0 / (hd as f32).sqrt())?;
-    let kqv = c.mul_mat(vals, kq)?;
-    let o = c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, rows, 1])?;
     feed_forward(c, w, names, d, x, o, kernel)
+}
+
+/// `softmax(keys · q · scale + mask) · vals` for the query heads `q` (`[hd, n_head, rows]`),
+/// keys as `[hd, n_kv, n_head_kv]` and values as `[n_kv, hd, n_head_kv]` (positions first, for
+/// the sum), by ggml's products: `[hd · n_head, rows]`.
+fn softmax_attention<'a>(
+    c: &'a Context,
+    q: Tensor<'a>,
+    (keys, vals): (Tensor<'a>, Tensor<'a>),
+    mask: Option<Tensor<'a>>,
+    scale: f32,
+) -> Result<Tensor<'a>, GgmlError> {
+    let [hd, nh, rows, _] = q.ne();
+    let kq = c.mul_mat(keys, c.permute(q, [0, 2, 1, 3])?)?;
+    let kq = c.soft_max(kq, mask, scale)?;
+    let kqv = c.mul_mat(vals, kq)?;
+    c.reshape(c.cont(c.permute(kqv, [0, 2, 1, 3])?)?, [hd * nh, rows, 1])
 }
 
 /// The rest of a layer from the attention's output `o`: its projection added to the residual

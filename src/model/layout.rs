@@ -80,10 +80,11 @@ impl OutTensor {
             Role::Conv | Role::DecoderMatrix if requested == GgmlType::F32 => GgmlType::F32,
             Role::Conv | Role::DecoderMatrix => GgmlType::F16,
             Role::Matrix | Role::Table => {
-                let requested = match (self.role, requested) {
-                    (Role::Table, GgmlType::F32 | GgmlType::F16) => requested,
-                    (Role::Table, _) => GgmlType::Q8_0,
-                    _ => requested,
+                let coarse = !matches!(requested, GgmlType::F32 | GgmlType::F16);
+                let requested = if self.role == Role::Table && coarse {
+                    GgmlType::Q8_0
+                } else {
+                    requested
                 };
                 // Rows that are not whole blocks fall back to a coarser block, then to f16.
                 let fits = |t: GgmlType| self.ne[0].is_multiple_of(t.block_size());
