@@ -300,7 +300,11 @@ pub struct EngineConfig {
     pub exact: bool,
     /// Frames queued between the code predictor and the decoder: 4 (320 ms of audio).
     pub codes_queue: usize,
-    /// Frames per decoder call after the first frame of an utterance: 2.
+    /// Frames per decoder call after the first frame of an utterance: 4 (audio in 320 ms
+    /// pieces). The decoder reads its small-row products' weights once per call, so longer chunks
+    /// hold its core for less time per frame, at the cost of activation memory (from 2 to 4:
+    /// RTF 0.64 → 0.54, peak RSS 820 → 865 MiB over 60 s; PERFORMANCE.md, "Four frames per
+    /// decoder call, sixth session").
     pub decoder_chunk: usize,
     /// Text tokens per utterance when splitting long text: [`crate::text::split::DEFAULT_MAX_TOKENS`].
     pub segment_tokens: usize,
@@ -331,7 +335,7 @@ impl Default for EngineConfig {
             n_ctx: 2048,
             exact: false,
             codes_queue: 4,
-            decoder_chunk: 2,
+            decoder_chunk: 4,
             segment_tokens: crate::text::split::DEFAULT_MAX_TOKENS,
             q8_heads: false,
             cp_kernel: LayerKernel::fastest(),
