@@ -304,7 +304,7 @@ pub struct EngineConfig {
     /// pieces). The decoder reads its small-row products' weights once per call, so longer chunks
     /// hold its core for less time per frame, at the cost of activation memory (from 2 to 4:
     /// RTF 0.64 → 0.54, peak RSS 820 → 865 MiB over 60 s; PERFORMANCE.md, "Four frames per
-    /// decoder call, sixth session").
+    /// decoder call, measured again").
     pub decoder_chunk: usize,
     /// Text tokens per utterance when splitting long text: [`crate::text::split::DEFAULT_MAX_TOKENS`].
     pub segment_tokens: usize,
