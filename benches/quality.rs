@@ -2,7 +2,8 @@
 //! 0.6B CustomVoice): the talker's codec logits and the code predictor's logits, cosine similarity
 //! (mean and worst row) and top-1 agreement, at q8_0, q6_k, q5_k and q4_k, the talker on llama.cpp (q8_0 KV
 //! cache) and on its own graph (f16 KV cache, the engine's kernels); and the decoder's waveform SNR with
-//! its matrices as bf16 (where the CPU has AMX) and q8_0 (`EngineConfig::decoder`).
+//! its matrices as bf16 (where the CPU has AMX) and q8_0 (`EngineConfig::decoder`); and, per type,
+//! the SNR of the talker's and code predictor's quantized matrices themselves against f32.
 //!
 //! The f32 run generates `QTTS_BENCH_FRAMES` frames (16) greedily; its prompt rows, step inputs,
 //! talker hidden states and codes are then fed to the quantized models.
@@ -43,6 +44,33 @@ fn compare(reference: &[f32], got: &[f32], w: usize) -> (f64, f64, f64) {
         same += usize::from(argmax(a) == argmax(b));
     }
     (sum / n as f64, worst, same as f64 / n as f64)
+}
+
+/// Signal-to-noise ratio (dB) of the quantized matrices of `q` whose names start with `prefix`
+/// against the same tensors of `reference` (f32), both dequantized with ggml's own routine, and
+/// how many matrices that is. Tensors left in f32 by the conversion are skipped.
+fn weights_snr(reference: &GgufFile, q: &GgufFile, prefix: &str) -> (f64, usize) {
+    let (mut signal, mut noise, mut count) = (0f64, 0f64, 0);
+    for t in q
+        .header
+        .tensors
+        .iter()
+        .filter(|t| t.name.starts_with(prefix))
+    {
+        let r = reference.header.tensor(&t.name).unwrap();
+        if t.ty == qtts::gguf::GgmlType::F32 || t.ne != r.ne {
+            continue;
+        }
+        let n = t.ne.iter().product::<u64>() as usize;
+        let a = qtts::ffi::dequantize(r.ty, reference.tensor_data(&t.name).unwrap(), n).unwrap();
+        let b = qtts::ffi::dequantize(t.ty, q.tensor_data(&t.name).unwrap(), n).unwrap();
+        for (&x, &y) in a.iter().zip(&b) {
+            signal += (x as f64).powi(2);
+            noise += ((x - y) as f64).powi(2);
+        }
+        count += 1;
+    }
+    (10.0 * (signal / noise.max(1e-30)).log10(), count)
 }
 
 fn main() {
@@ -199,6 +227,21 @@ fn main() {
             "code predictor",
             t * 100.0
         );
+    }
+    // What the logits' cosines come from: the quantized matrices' own error.
+    for &ty in &types {
+        for (kind, prefix, what) in [
+            ("talker", "blk.", "talker layers"),
+            ("mmproj", "a.gen.code.blk.", "code predictor layers"),
+        ] {
+            let reference = GgufFile::open(path(kind, OutType::F32)).unwrap();
+            let q = GgufFile::open(path(kind, ty)).unwrap();
+            let (snr, n) = weights_snr(&reference, &q, prefix);
+            println!(
+                "{:<8} {what} weights: SNR {snr:.2} dB against f32 ({n} quantized matrices)",
+                ty.name()
+            );
+        }
     }
 
     // The decoder with bf16 and q8_0 matrices against f32, on the reference codes, before the
