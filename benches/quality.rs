@@ -57,10 +57,11 @@ fn weights_snr(reference: &GgufFile, q: &GgufFile, prefix: &str) -> (f64, usize)
         .iter()
         .filter(|t| t.name.starts_with(prefix))
     {
-        let r = reference.header.tensor(&t.name).unwrap();
-        if t.ty == qtts::gguf::GgmlType::F32 || t.ne != r.ne {
+        if t.ty == qtts::gguf::GgmlType::F32 {
             continue;
         }
+        let r = reference.header.tensor(&t.name).unwrap();
+        assert_eq!(t.ne, r.ne, "{}: the same shape in both files", t.name);
         let n = t.ne.iter().product::<u64>() as usize;
         let a = qtts::ffi::dequantize(r.ty, reference.tensor_data(&t.name).unwrap(), n).unwrap();
         let b = qtts::ffi::dequantize(t.ty, q.tensor_data(&t.name).unwrap(), n).unwrap();
@@ -229,14 +230,18 @@ fn main() {
         );
     }
     // What the logits' cosines come from: the quantized matrices' own error.
+    let references = [
+        ("talker", "blk.", "talker layers"),
+        ("mmproj", "a.gen.code.blk.", "code predictor layers"),
+    ]
+    .map(|(kind, prefix, what)| {
+        let f = GgufFile::open(path(kind, OutType::F32)).unwrap();
+        (kind, prefix, what, f)
+    });
     for &ty in &types {
-        for (kind, prefix, what) in [
-            ("talker", "blk.", "talker layers"),
-            ("mmproj", "a.gen.code.blk.", "code predictor layers"),
-        ] {
-            let reference = GgufFile::open(path(kind, OutType::F32)).unwrap();
+        for (kind, prefix, what, reference) in &references {
             let q = GgufFile::open(path(kind, ty)).unwrap();
-            let (snr, n) = weights_snr(&reference, &q, prefix);
+            let (snr, n) = weights_snr(reference, &q, prefix);
             println!(
                 "{:<8} {what} weights: SNR {snr:.2} dB against f32 ({n} quantized matrices)",
                 ty.name()
