@@ -23,7 +23,7 @@ fn bench(c: &mut Criterion) {
     let dir = common::models(&TYPES);
     // The per-step split of one frame, from the engine's own profile (QTTS_PROFILE), per type.
     std::env::set_var("QTTS_PROFILE", "1");
-    let simd = Kernel::detect();
+    let simd = Kernel::active();
     let hidden: Vec<f32> = (0..1024)
         .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
         .collect();
@@ -71,16 +71,17 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
-    // Quantized layer products: ggml's `mul_mat` (the baseline) against the VNNI kernels on the
-    // file's rows and on q4_K rows packed 16 at a time, 1 thread, q4_K then q8_0 weights.
-    if qtts::code_predictor::q4k::available() {
+    // Quantized layer products: ggml's `mul_mat` (the baseline) against the kernel tier's
+    // packed kernels, 1 thread, q4_K then q8_0 weights (`QTTS_KERNELS` picks the tier; `cargo
+    // bench --bench kernels` compares the tiers' kernels alone in one run).
+    if LayerKernel::fastest() == LayerKernel::Packed {
         let pool = Threadpool::new(1, &[]).unwrap();
         let mut g = c.benchmark_group("cp frame, quantized layer products, 1 thread");
         g.sample_size(20);
         for ty in [OutType::Q4K, OutType::Q8_0] {
             let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
             let mut cp = CodePredictor::load(&f).unwrap();
-            for kernel in [LayerKernel::Ggml, LayerKernel::Vnni, LayerKernel::Packed] {
+            for kernel in [LayerKernel::Ggml, LayerKernel::Packed] {
                 cp.set_layer_kernel(kernel).unwrap();
                 g.bench_function(format!("{} weights, {kernel:?}", ty.name()), |b| {
                     b.iter(|| {
@@ -98,7 +99,10 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     } else {
-        eprintln!("quantized layer products: no AVX-512 VNNI on this CPU, group skipped");
+        eprintln!(
+            "quantized layer products: kernel tier {} has no packed kernels, group skipped",
+            qtts::kernels::active()
+        );
     }
     // The heads alone: 15 heads of 2048 × 1024 on one hidden state.
     let w: Vec<f32> = (0..15 * 2048 * 1024)

@@ -261,19 +261,29 @@ fn main() {
     };
     let decode = |w: DecoderWeights| decode_file(&f, w);
     let exact = decode(DecoderWeights::F32);
-    for w in [DecoderWeights::Bf16, DecoderWeights::Q8_0] {
-        if w == DecoderWeights::Bf16 && !qtts::ffi::amx::available() {
-            println!("decoder, bf16 matrices: skipped, no AMX-BF16 here");
+    let report = |label: &str, b: &[f32]| {
+        println!(
+            "decoder, {label}: SNR {:.1} dB against f32 (before the clamp, {} samples)",
+            qtts::metrics::snr_db(&exact, b),
+            exact.len()
+        )
+    };
+    for k in [
+        qtts::kernels::bf16::Kernel::Amx,
+        qtts::kernels::bf16::Kernel::Avx512,
+    ] {
+        if !k.available() {
+            println!("decoder, bf16 matrices by {k:?}: skipped, this CPU lacks the instructions");
             continue;
         }
-        let b = decode(w);
-        println!(
-            "decoder, {} matrices: SNR {:.1} dB against f32 (before the clamp, {} samples)",
-            w.name(),
-            qtts::metrics::snr_db(&exact, &b),
-            exact.len()
-        );
+        let mut voc = qtts::vocoder::Vocoder::load_bf16(&f, k).unwrap();
+        voc.set_capture(true);
+        let mut out = vec![0f32; codes.len() * 1920];
+        voc.decode_frames(&pool, &codes, &mut out).unwrap();
+        let b = voc.take_capture().remove("decoder.6").unwrap_or_default();
+        report(&format!("bf16 matrices by {k:?}"), &b);
     }
+    report("q8_0 matrices", &decode(DecoderWeights::Q8_0));
     // Each file's decoder as the engine loads it by default: the matrices in the file's types.
     let default = DecoderWeights::fastest();
     for &ty in &types {

@@ -22,7 +22,7 @@ const TYPES: [OutType; 2] = [OutType::Q4K, OutType::Q8_0];
 
 fn runtimes() -> Vec<Runtime> {
     let mut v = vec![Runtime::LlamaCpp, Runtime::Graph(LayerKernel::Ggml)];
-    if qtts::code_predictor::q4k::available() {
+    if LayerKernel::fastest() == LayerKernel::Packed {
         v.push(Runtime::Graph(LayerKernel::Packed));
     }
     v

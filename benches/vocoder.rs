@@ -28,25 +28,43 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     // ggml's products on the f32 file (the baseline), the host products (`conv_gemm`) on the f32
     // and f16 files, and ggml's q8_0 products.
-    for (label, ty, q8, products) in [
-        ("ggml f32", OutType::F32, false, Products::Ggml),
-        ("host f32", OutType::F32, false, Products::HostF32),
+    use qtts::kernels::bf16::Kernel as Bf16;
+    for (label, ty, q8, products, bf16) in [
+        ("ggml f32", OutType::F32, false, Products::Ggml, None),
+        ("host f32", OutType::F32, false, Products::HostF32, None),
         (
             "host f32 from f16 file",
             OutType::F16,
             false,
             Products::HostF32,
+            None,
         ),
-        ("host bf16 (AMX)", OutType::F32, false, Products::HostBf16),
-        ("ggml q8_0", OutType::F32, true, Products::Ggml),
+        (
+            "host bf16 (AMX)",
+            OutType::F32,
+            false,
+            Products::HostBf16,
+            Some(Bf16::Amx),
+        ),
+        (
+            "host bf16 (AVX-512 BF16)",
+            OutType::F32,
+            false,
+            Products::HostBf16,
+            Some(Bf16::Avx512),
+        ),
+        ("ggml q8_0", OutType::F32, true, Products::Ggml, None),
     ] {
-        if products == Products::HostBf16 && !qtts::ffi::amx::available() {
-            eprintln!("{label}: skipped, no AMX-BF16 here");
+        if bf16.is_some_and(|k: Bf16| !k.available()) {
+            eprintln!("{label}: skipped, this CPU lacks the instructions");
             continue;
         }
         let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
         let q8 = q8.then_some(qtts::gguf::GgmlType::Q8_0);
-        let mut voc = Vocoder::load_options(&f, q8, products).unwrap();
+        let mut voc = match bf16 {
+            Some(k) => Vocoder::load_bf16(&f, k).unwrap(),
+            None => Vocoder::load_options(&f, q8, products).unwrap(),
+        };
         for threads in [1, 2] {
             let pool = Threadpool::new(threads, &[]).unwrap();
             for chunk in [1usize, 2, 4] {
@@ -103,12 +121,12 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-/// SnakeBeta's kernels (`vocoder::snake::row_with`) alone, on the rows of one frame: each
+/// SnakeBeta's kernels (`qtts::kernels::snake::row_with`) of every tier this CPU runs alone, on the rows of one frame: each
 /// upsampling block's seven activations at its width (768, 384, 192 and 96 channels at 32,
 /// 160, 640 and 1920 rows a frame; the first block's input and the last activation are left
 /// out), about 2.75 M values. The scalar kernel is the in-run baseline.
 fn snake_rows(c: &mut Criterion) {
-    use qtts::vocoder::snake::{row_with, Kernel};
+    use qtts::kernels::snake::{row_with, Kernel};
     let shapes = [(768usize, 32usize), (384, 160), (192, 640), (96, 1920)];
     let max = shapes.iter().map(|&(ch, r)| ch * r).max().unwrap_or(0);
     let x: Vec<f32> = (0..max)
@@ -124,10 +142,14 @@ fn snake_rows(c: &mut Criterion) {
     let values: usize = shapes.iter().map(|&(ch, r)| 7 * ch * r).sum();
     let mut g = c.benchmark_group("snakebeta rows of one frame, 1 thread");
     g.throughput(Throughput::Elements(values as u64));
-    for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512] {
-        if !kernel.available() {
-            continue;
+    let mut kernels = Vec::new();
+    qtts::kernels::for_each_tier(|t| {
+        let k = Kernel::for_caps(t.caps());
+        if !kernels.contains(&k) {
+            kernels.push(k);
         }
+    });
+    for kernel in kernels {
         g.bench_function(format!("{kernel:?}"), |b| {
             b.iter(|| {
                 for (&(ch, rows), (alpha, inv_beta)) in shapes.iter().zip(&params) {

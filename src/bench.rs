@@ -68,6 +68,9 @@ pub struct RunReport {
     pub peak_rss_mib: f64,
     /// Percentiles of [`STAGES`].
     pub stages: Vec<StageStat>,
+    /// The kernel tier the run used ([`crate::kernels::active`]).
+    #[serde(default)]
+    pub tier: String,
 }
 
 /// The GGUF pair of weight type `ty` in a bench directory made by [`ensure_models`].
@@ -192,6 +195,7 @@ pub fn measure(
         underruns: shared.underruns(),
         periods: shared.periods(),
         peak_rss_mib: peak_rss_bytes().unwrap_or(0) as f64 / (1024.0 * 1024.0),
+        tier: crate::kernels::active().name().to_string(),
         stages: stage_stats(&summary.metrics),
     })
 }
@@ -393,6 +397,7 @@ mod tests {
                 p50_ms: cp_p50,
                 p99_ms: 2.0 * cp_p50,
             }],
+            tier: "scalar".into(),
         }
     }
 

@@ -8,6 +8,7 @@ use std::process::Command;
 use anyhow::Context as _;
 use qtts::bench::{self, Medians, ReferenceReport, Row, RunReport};
 use qtts::engine::{DecoderWeights, EngineConfig, LayerKernel, TalkerRuntime, ThreadPlan};
+use qtts::kernels::Tier;
 use qtts::model::config::Preset;
 use qtts::model::convert::OutType;
 
@@ -33,8 +34,9 @@ pub struct BenchArgs {
         default_value = "q4_k,q8_0,f16"
     )]
     pub types: Vec<OutType>,
-    /// Decoder matrices, comma-separated: auto (bf16 where the CPU has AMX, else f32), f32
-    /// (exact), bf16, q8_0; each is measured with each type, interleaved in every round.
+    /// Decoder matrices, comma-separated: auto (bf16 where the kernel tier has AMX or AVX-512
+    /// BF16, else f32), f32 (exact), bf16, q8_0; each is measured with each type, interleaved in
+    /// every round.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     pub decoder: Vec<DecoderArg>,
     /// Frames per measured request (80 ms each): 750 is the issue's 60 s utterance.
@@ -60,17 +62,23 @@ pub struct BenchArgs {
     /// with each type, decoder and plan (default: the engine's).
     #[arg(long, value_delimiter = ',')]
     pub decoder_chunk: Vec<usize>,
-    /// The code predictor's layer kernels, comma-separated: auto (the engine's), ggml,
-    /// vnni-rows, vnni-packed; each is measured with each type, decoder and plan.
+    /// The code predictor's layer kernels, comma-separated: auto (the engine's), ggml, scalar,
+    /// packed;
+    /// each is measured with each type, decoder and plan.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     pub cp_kernel: Vec<CpKernelArg>,
     /// What runs the talker, comma-separated: auto (the engine's), llama (llama.cpp), graph (the
-    /// crate's graph, packed VNNI kernel), graph-ggml (the crate's graph, ggml's products).
+    /// crate's graph, packed kernels), graph-ggml (the crate's graph, ggml's products).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     pub talker: Vec<TalkerArg>,
     /// Thread plans, comma-separated; each is measured with each type and decoder.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "default")]
     pub plan: Vec<PlanArg>,
+    /// Kernel tiers, comma-separated (scalar, avx2, avx512, amx, neon; default: the process's,
+    /// `--kernels` or `$QTTS_KERNELS` or the CPU's best): each configuration runs under each, in
+    /// a child process of its own. Tiers this CPU lacks are refused.
+    #[arg(long = "tiers", value_delimiter = ',', value_parser = crate::parse_tier)]
+    pub tiers: Vec<Tier>,
     /// Write every run's report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -79,11 +87,12 @@ pub struct BenchArgs {
 /// The decoder's matrices on the command line (the engine's `DecoderWeights`, or auto).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DecoderArg {
-    /// bf16 where the CPU has AMX, else f32.
+    /// bf16 where the kernel tier has AMX or AVX-512 BF16, else f32.
     Auto,
     /// 32-bit floats, products on the host: exact.
     F32,
-    /// bf16 on AMX tiles: 2-3x faster than f32, about 32 dB from it on random weights.
+    /// bf16 on AMX tiles or AVX-512 BF16: 2-3x faster than f32, about 32 dB from it on random
+    /// weights.
     Bf16,
     /// q8_0 blocks through ggml: about 19 dB from f32 on random weights (PERFORMANCE.md).
     #[value(name = "q8_0")]
@@ -91,10 +100,10 @@ pub enum DecoderArg {
 }
 
 impl DecoderArg {
-    /// What the engine takes.
-    pub fn weights(self) -> DecoderWeights {
+    /// What the engine takes, under `tier`.
+    pub fn weights(self, tier: Tier) -> DecoderWeights {
         match self {
-            DecoderArg::Auto => DecoderWeights::fastest(),
+            DecoderArg::Auto => DecoderWeights::fastest_for(tier),
             DecoderArg::F32 => DecoderWeights::F32,
             DecoderArg::Bf16 => DecoderWeights::Bf16,
             DecoderArg::Q8_0 => DecoderWeights::Q8_0,
@@ -116,20 +125,20 @@ pub enum CpKernelArg {
     Auto,
     /// ggml's `mul_mat`.
     Ggml,
-    /// AVX-512 VNNI on the file's q4_K and q8_0 rows (q5_K by ggml).
-    VnniRows,
-    /// AVX-512 VNNI on q4_K, q5_K and q8_0 rows packed 16 at a time.
-    VnniPacked,
+    /// The crate's scalar kernels on the file's rows (the tests' reference, slow).
+    Scalar,
+    /// The kernel tier's kernels on q4_K, q5_K and q8_0 rows packed 16 at a time.
+    Packed,
 }
 
 impl CpKernelArg {
-    /// What the engine takes.
-    pub fn kernel(self) -> LayerKernel {
+    /// What the engine takes, under `tier`.
+    pub fn kernel(self, tier: Tier) -> LayerKernel {
         match self {
-            CpKernelArg::Auto => LayerKernel::fastest(),
+            CpKernelArg::Auto => LayerKernel::fastest_for(tier),
             CpKernelArg::Ggml => LayerKernel::Ggml,
-            CpKernelArg::VnniRows => LayerKernel::Vnni,
-            CpKernelArg::VnniPacked => LayerKernel::Packed,
+            CpKernelArg::Scalar => LayerKernel::Scalar,
+            CpKernelArg::Packed => LayerKernel::Packed,
         }
     }
 
@@ -137,8 +146,8 @@ impl CpKernelArg {
     fn of(k: LayerKernel) -> Self {
         match k {
             LayerKernel::Ggml => CpKernelArg::Ggml,
-            LayerKernel::Vnni => CpKernelArg::VnniRows,
-            LayerKernel::Packed => CpKernelArg::VnniPacked,
+            LayerKernel::Scalar => CpKernelArg::Scalar,
+            LayerKernel::Packed => CpKernelArg::Packed,
         }
     }
 
@@ -161,12 +170,12 @@ pub enum TalkerArg {
 }
 
 impl TalkerArg {
-    /// What the engine takes.
-    pub fn runtime(self) -> TalkerRuntime {
+    /// What the engine takes, under `tier`.
+    pub fn runtime(self, tier: Tier) -> TalkerRuntime {
         match self {
-            TalkerArg::Auto => TalkerRuntime::fastest(),
+            TalkerArg::Auto => TalkerRuntime::fastest_for(tier),
             TalkerArg::Llama => TalkerRuntime::LlamaCpp,
-            TalkerArg::Graph => TalkerRuntime::Graph(LayerKernel::fastest()),
+            TalkerArg::Graph => TalkerRuntime::Graph(LayerKernel::fastest_for(tier)),
             TalkerArg::GraphGgml => TalkerRuntime::Graph(LayerKernel::Ggml),
         }
     }
@@ -278,12 +287,13 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
         mmproj: a.mmproj.clone(),
     };
     let default = EngineConfig::default();
+    let tier = qtts::kernels::active();
     let config = EngineConfig {
-        decoder: a.decoder.weights(),
+        decoder: a.decoder.weights(tier),
         decoder_chunk: a.decoder_chunk.unwrap_or(default.decoder_chunk),
         plan: a.plan.plan(ThreadPlan::available_cores()),
-        cp_kernel: a.cp_kernel.kernel(),
-        talker: a.talker_runtime.runtime(),
+        cp_kernel: a.cp_kernel.kernel(tier),
+        talker: a.talker_runtime.runtime(tier),
         ..default
     };
     let report = bench::measure(&files, config, a.frames, a.prebuffer_ms)?;
@@ -300,6 +310,7 @@ struct Config {
     cp_kernel: LayerKernel,
     talker: TalkerRuntime,
     decoder_chunk: usize,
+    tier: Tier,
 }
 
 impl Config {
@@ -307,13 +318,16 @@ impl Config {
     /// defaults.
     fn label(&self) -> String {
         let mut l = format!("{} (dec {}", self.ty.name(), self.decoder.name());
+        if self.tier != qtts::kernels::active() {
+            l += &format!(", tier {}", self.tier);
+        }
         if self.plan != PlanArg::Default {
             l += &format!(", {}", self.plan.name());
         }
-        if self.cp_kernel != LayerKernel::fastest() {
+        if self.cp_kernel != LayerKernel::fastest_for(self.tier) {
             l += &format!(", cp {}", CpKernelArg::of(self.cp_kernel).name());
         }
-        if self.talker != TalkerRuntime::fastest() {
+        if self.talker != TalkerRuntime::fastest_for(self.tier) {
             l += &format!(", talker {}", TalkerArg::of(self.talker).name());
         }
         if self.decoder_chunk != EngineConfig::default().decoder_chunk {
@@ -344,6 +358,7 @@ fn child(exe: &Path, dir: &Path, c: Config, a: &BenchArgs) -> anyhow::Result<Run
     cmd.arg("--talker-runtime")
         .arg(TalkerArg::of(c.talker).name());
     cmd.arg("--decoder-chunk").arg(c.decoder_chunk.to_string());
+    cmd.arg("--kernels").arg(c.tier.name());
     let out = cmd.output().context("starting qtts bench-run")?;
     anyhow::ensure!(
         out.status.success(),
@@ -452,30 +467,15 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     let cores = ThreadPlan::available_cores();
-    // Every (type, decoder) pair, types outermost; `auto` resolved once, duplicates dropped.
-    let mut decoders: Vec<DecoderWeights> = Vec::new();
-    for d in &a.decoder {
-        if !decoders.contains(&d.weights()) {
-            decoders.push(d.weights());
+    let mut tiers: Vec<Tier> = Vec::new();
+    for &t in &a.tiers {
+        qtts::kernels::check(t)?;
+        if !tiers.contains(&t) {
+            tiers.push(t);
         }
     }
-    let mut plans: Vec<PlanArg> = Vec::new();
-    for &p in &a.plan {
-        if !plans.contains(&p) {
-            plans.push(p);
-        }
-    }
-    let mut kernels: Vec<LayerKernel> = Vec::new();
-    for k in &a.cp_kernel {
-        if !kernels.contains(&k.kernel()) {
-            kernels.push(k.kernel());
-        }
-    }
-    let mut talkers: Vec<TalkerRuntime> = Vec::new();
-    for t in &a.talker {
-        if !talkers.contains(&t.runtime()) {
-            talkers.push(t.runtime());
-        }
+    if tiers.is_empty() {
+        tiers.push(qtts::kernels::active());
     }
     let mut chunks: Vec<usize> = Vec::new();
     for &n in &a.decoder_chunk {
@@ -490,37 +490,53 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     if chunks.is_empty() {
         chunks.push(EngineConfig::default().decoder_chunk);
     }
+    // Every combination, types outermost, tiers innermost; `auto` resolved for each tier (so
+    // that the table names what ran), duplicates dropped.
     let mut configs: Vec<Config> = Vec::new();
     for &ty in &a.types {
-        for &decoder in &decoders {
-            for &plan in &plans {
-                for &cp_kernel in &kernels {
-                    for &talker in &talkers {
+        for d in &a.decoder {
+            for &plan in &a.plan {
+                for k in &a.cp_kernel {
+                    for t in &a.talker {
                         for &decoder_chunk in &chunks {
-                            configs.push(Config {
-                                ty,
-                                decoder,
-                                plan,
-                                cp_kernel,
-                                talker,
-                                decoder_chunk,
-                            });
+                            for &tier in &tiers {
+                                let c = Config {
+                                    ty,
+                                    decoder: d.weights(tier),
+                                    plan,
+                                    cp_kernel: k.kernel(tier),
+                                    talker: t.runtime(tier),
+                                    decoder_chunk,
+                                    tier,
+                                };
+                                if !configs.contains(&c) {
+                                    configs.push(c);
+                                }
+                            }
                         }
                     }
                 }
             }
         }
     }
+    let mut decoders: Vec<DecoderWeights> = Vec::new();
+    for c in &configs {
+        if !decoders.contains(&c.decoder) {
+            decoders.push(c.decoder);
+        }
+    }
     let names: Vec<&str> = decoders.iter().map(|d| d.name()).collect();
     eprintln!(
         "bench: {preset_name} random weights in {}, {} frames ({:.1} s of audio) per run, {} rounds, \
-         prebuffer {} ms, decoder {}, {cores} cores{}",
+         prebuffer {} ms, decoder {}, {cores} cores, kernel tiers {} (CPU features: {}){}",
         dir.display(),
         a.frames,
         a.frames as f64 * 0.08,
         a.runs,
         a.prebuffer_ms,
         names.join(", "),
+        tiers.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "),
+        qtts::kernels::Features::get().names().join(" "),
         if python.is_some() { ", with the reference" } else { "" }
     );
     let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); configs.len()];
@@ -571,6 +587,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                     "cp_kernel": CpKernelArg::of(c.cp_kernel).name(),
                     "talker": TalkerArg::of(c.talker).name(),
                     "decoder_chunk": c.decoder_chunk,
+                    "tier": c.tier.name(),
                     "runs": runs,
                 })
             })

@@ -17,6 +17,7 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod gguf;
+pub mod kernels;
 pub mod metrics;
 pub mod model;
 mod qwen3;

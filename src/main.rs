@@ -15,8 +15,17 @@ mod bench_cli;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Cli {
+    /// The kernel tier to run (scalar, avx2, avx512, amx, neon): a lower one than the CPU's best,
+    /// to test it or to measure what a CPU without the higher ones gets. Default:
+    /// `$QTTS_KERNELS`, else the best this CPU runs.
+    #[arg(long, global = true, value_parser = parse_tier)]
+    kernels: Option<qtts::kernels::Tier>,
     #[command(subcommand)]
     command: Command,
+}
+
+fn parse_tier(s: &str) -> Result<qtts::kernels::Tier, String> {
+    qtts::kernels::Tier::parse(s).map_err(|e| e.to_string())
 }
 
 #[derive(Subcommand, Debug)]
@@ -297,7 +306,7 @@ fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
             }
         },
         exact: args.exact,
-        decoder: args.decoder.weights(),
+        decoder: args.decoder.weights(qtts::kernels::active()),
         ..EngineConfig::default()
     };
     Engine::load(&model.files, config).context("loading the engine")
@@ -438,6 +447,14 @@ fn progress_printer(label: &'static str) -> impl FnMut(u64, u64) {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Fixed before anything loads: a tier the CPU lacks (or a misspelt `QTTS_KERNELS`) is an
+    // error here, never a silent fallback.
+    match cli.kernels {
+        Some(tier) => qtts::kernels::force(tier)?,
+        None => {
+            qtts::kernels::selected()?;
+        }
+    }
     match cli.command {
         Command::Speak {
             args,

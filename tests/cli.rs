@@ -238,6 +238,8 @@ fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
             "f32",
             "--plan",
             "default,cp-shared",
+            "--tiers",
+            &format!("{},scalar", qtts::kernels::Tier::best()),
             "--frames",
             "6",
             "--runs",
@@ -270,10 +272,32 @@ fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
         !table.contains("reference"),
         "no reference without --python: {table}"
     );
+    // Each configuration under each tier, in its own child process: a lower tier is named.
+    let best = qtts::kernels::Tier::best();
+    if best != qtts::kernels::Tier::Scalar {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("f32 (dec f32, tier scalar)")),
+            "no scalar-tier row in\n{table}"
+        );
+    }
     let all: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let n_tiers = if best == qtts::kernels::Tier::Scalar {
+        1
+    } else {
+        2
+    };
+    assert_eq!(all.as_array().unwrap().len(), 2 * n_tiers);
     assert_eq!(all[0]["plan"], "default");
-    assert_eq!(all[1]["plan"], "cp-shared");
+    assert_eq!(all[n_tiers]["plan"], "cp-shared");
+    assert_eq!(all[0]["tier"], best.name());
+    for c in all.as_array().unwrap() {
+        for run in c["runs"].as_array().unwrap() {
+            assert_eq!(run["tier"], c["tier"], "the child ran the tier asked");
+        }
+    }
     let runs = all[0]["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
     for run in runs {

@@ -10,6 +10,28 @@ use qtts::ffi::Threadpool;
 use qtts::gguf::GgufFile;
 use qtts::model::convert::OutType;
 
+/// The heads' dot kernel of every kernel tier this CPU runs (the others reported as skipped).
+fn dot_kernels() -> Vec<qtts::code_predictor::heads::Kernel> {
+    let mut v = Vec::new();
+    qtts::kernels::for_each_tier(|t| {
+        v.push(qtts::code_predictor::heads::Kernel::for_caps(t.caps()))
+    });
+    v
+}
+
+/// Whether the process's kernel tier has packed kernels, else a line saying the test is skipped.
+fn packed_available() -> bool {
+    use qtts::code_predictor::LayerKernel;
+    let ok = LayerKernel::fastest() == LayerKernel::Packed;
+    if !ok {
+        eprintln!(
+            "skipped: kernel tier {} has no packed kernels",
+            qtts::kernels::active()
+        );
+    }
+    ok
+}
+
 fn argmax(v: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &x) in v.iter().enumerate() {
@@ -102,8 +124,8 @@ fn frames_do_not_leak_state_into_each_other() {
 #[test]
 fn simd_heads_are_bit_identical_to_scalar() {
     use qtts::code_predictor::heads::Kernel;
-    let kernels = Kernel::available();
-    eprintln!("kernels on this CPU: {kernels:?}");
+    let kernels = dot_kernels();
+    eprintln!("kernels of the tiers on this CPU: {kernels:?}");
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut rnd = || {
         state ^= state << 13;
@@ -223,8 +245,7 @@ fn uniform(mut state: u64) -> impl FnMut() -> f32 {
 #[test]
 fn packed_q8_heads_stay_within_the_input_rounding() {
     use qtts::code_predictor::heads::{Heads, Kernel};
-    if !qtts::code_predictor::q4k::available() {
-        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+    if !packed_available() {
         return;
     }
     let mut rnd = uniform(0x2545_f491_4f6c_dd1d);
@@ -273,7 +294,7 @@ fn packed_q8_heads_stay_within_the_input_rounding() {
 #[test]
 fn q8_heads_are_bit_identical_across_kernels_and_close_to_f32() {
     use qtts::code_predictor::heads::{Heads, Kernel};
-    let kernels = Kernel::available();
+    let kernels = dot_kernels();
     let mut rnd = uniform(0x9e37_79b9_7f4a_7c15);
     let (codes, width) = (64, 1024);
     let w: Vec<f32> = (0..15 * codes * width).map(|_| rnd()).collect();
@@ -387,14 +408,13 @@ fn sampled_frames_follow_the_seed() {
     );
 }
 
-/// A frame's codes and logits with the layer kernels `Packed`, `Vnni`, `Ggml` and `Packed`
+/// A frame's codes and logits with the layer kernels `Packed`, `Scalar`, `Ggml` and `Packed`
 /// again, switched in place, on a random code predictor of width 256 (a k-quant's block) whose
-/// layers are `ty`; `None` without AVX-512 VNNI.
+/// layers are `ty`; `None` where the kernel tier has no packed kernels.
 #[allow(clippy::type_complexity)]
 fn frames_by_kernel(ty: OutType) -> Option<[([u32; 15], Vec<f32>); 4]> {
     use qtts::code_predictor::LayerKernel;
-    if !qtts::code_predictor::q4k::available() {
-        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+    if !packed_available() {
         return None;
     }
     let mut cfg =
@@ -419,7 +439,7 @@ fn frames_by_kernel(ty: OutType) -> Option<[([u32; 15], Vec<f32>); 4]> {
     let mut run = |kernel| greedy_frame(&mut cp, kernel, &pool, &hidden, 7);
     Some([
         run(LayerKernel::Packed),
-        run(LayerKernel::Vnni),
+        run(LayerKernel::Scalar),
         run(LayerKernel::Ggml),
         run(LayerKernel::Packed),
     ])
@@ -468,63 +488,65 @@ fn max_abs_until_parted(a: &([u32; 15], Vec<f32>), b: &([u32; 15], Vec<f32>)) ->
     e
 }
 
-/// The frames of `frames_by_kernel(ty)`: the packed kernel gives the frame of the kernel on the
-/// file's rows within 1e-4 of the largest logit and with the same codes (the same integer
-/// products summed in another order; the packed kernel's single rows also attend in one node,
-/// `qwen3::attend`, which rounds as it sums), switching kernels packs and unpacks the matrices
-/// in place (back on the packed kernel, the frame is the same to the bit), and ggml, which
-/// quantizes the inputs its own way, is close until the picks part.
-fn check_packed_against_rows(ty: OutType) {
-    let Some([packed, rows, ggml, again]) = frames_by_kernel(ty) else {
+/// The frames of `frames_by_kernel(ty)`: the packed kernels give the scalar kernels' frame on
+/// the file's rows to the bit (the same integer products and the same float steps, see
+/// `qtts::kernels::quant`, and the same one-node attention), switching kernels packs and unpacks
+/// the matrices in place (back on the packed kernel, the frame is the same to the bit), and
+/// ggml, which quantizes the inputs its own way and attends by its own ops, is close until the
+/// picks part.
+///
+/// The two sides of an exact comparison must share every float operation upstream of each
+/// quantized product: the products round their inputs to int8, so a rounding difference of one
+/// ulp upstream (ggml's attention against the crate's one-node attention, or ggml built for
+/// another CPU) moves an input across a rounding boundary now and then, and the outputs by a
+/// step of the input's scale. That is what failed on a Zen 4 when this test compared the packed
+/// kernel (one-node attention) with the row kernel (ggml's attention) within 1e-4.
+fn check_packed_against_scalar(ty: OutType) {
+    let Some([packed, scalar, ggml, again]) = frames_by_kernel(ty) else {
         return;
     };
     let scale = packed.1.iter().fold(0f32, |a, v| a.max(v.abs()));
-    let e = max_abs(&packed.1, &rows.1);
-    eprintln!("packed {ty:?} vs file rows: max {e:e} of {scale}");
-    assert!(e <= 1e-4 * scale.max(1.0), "packed vs file rows: {e}");
-    assert_eq!(packed.0, rows.0, "codes, packed vs file rows");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    eprintln!(
+        "packed {ty:?} vs scalar: max {:e} of {scale}",
+        max_abs(&packed.1, &scalar.1)
+    );
+    assert_eq!(packed.0, scalar.0, "codes, packed vs scalar");
+    assert!(
+        bits(&packed.1) == bits(&scalar.1),
+        "logits, packed vs scalar: max {}",
+        max_abs(&packed.1, &scalar.1)
+    );
     assert_eq!(packed, again, "packed, unpacked for ggml, packed again");
     let e = max_abs_until_parted(&packed, &ggml);
+    eprintln!("packed {ty:?} vs ggml: max {e:e} of {scale} until the picks part");
     assert!(e <= 0.05 * scale, "packed vs ggml: {e} of {scale}");
 }
 
-/// q4_K layers on rows packed 16 at a time (`q4k16::mat_vnni`, the default where the CPU has
-/// AVX-512 VNNI) against the kernel on the file's rows and ggml's (`check_packed_against_rows`).
+/// q4_K layers packed 16 rows at a time (the default where the kernel tier has packed kernels)
+/// against the scalar kernel on the file's rows and against ggml (`check_packed_against_scalar`).
 #[test]
-fn packed_q4k_layers_give_the_frame_of_the_file_s_rows() {
-    check_packed_against_rows(OutType::Q4K);
+fn packed_q4k_layers_give_the_frame_of_the_scalar_kernel() {
+    check_packed_against_scalar(OutType::Q4K);
 }
 
-/// q5_K layers: the packed kernel (`q4k16::mat_vnni5`) gives ggml's frame within the inputs'
-/// different quantization (ggml computes the q5_K products for the other two kernels), up to
-/// the first step where their picks part (see `max_abs_until_parted`), and packing and unpacking
-/// in place returns the same frame to the bit.
+/// q5_K layers, as `packed_q4k_layers_give_the_frame_of_the_scalar_kernel`.
 #[test]
-fn packed_q5k_layers_give_ggml_s_frame() {
-    let Some([packed, rows, ggml, again]) = frames_by_kernel(OutType::Q5K) else {
-        return;
-    };
-    let scale = packed.1.iter().fold(0f32, |a, v| a.max(v.abs()));
-    assert!(packed == again, "packed, unpacked for ggml, packed again");
-    for (name, other) in [("file rows", &rows), ("ggml", &ggml)] {
-        let e = max_abs_until_parted(&packed, other);
-        eprintln!("packed q5_K vs {name}: max {e:e} of {scale}");
-        assert!(e <= 0.05 * scale, "packed vs {name}: {e} of {scale}");
-    }
+fn packed_q5k_layers_give_the_frame_of_the_scalar_kernel() {
+    check_packed_against_scalar(OutType::Q5K);
 }
 
-/// q8_0 layers on rows packed 16 at a time (`q8::mat_packed`, the default where the CPU has
-/// AVX-512 VNNI) against the kernel on the file's rows and ggml's (`check_packed_against_rows`).
+/// q8_0 layers, as `packed_q4k_layers_give_the_frame_of_the_scalar_kernel`.
 #[test]
-fn packed_q8_0_layers_give_the_frame_of_the_file_s_rows() {
-    check_packed_against_rows(OutType::Q8_0);
+fn packed_q8_0_layers_give_the_frame_of_the_scalar_kernel() {
+    check_packed_against_scalar(OutType::Q8_0);
 }
 
-/// The layers' q/k/v and gate/up matrices joined into one product each (the default, see
-/// `code_predictor::JOINED`) give the frame of the matrices multiplied one by one, to the bit,
-/// under the ggml and row kernels: each output row is the same dot product of the same quantized
-/// input, and the attention and feed-forward read the same values from views of one output.
-/// Under the packed kernel a single row's attention is one node of its own, within 1e-5.
+/// The layers' q/k/v and gate/up matrices joined into one product each (the default) give the
+/// frame of the matrices multiplied one by one, to the bit, under every kernel: each output row
+/// is the same dot product of the same quantized input, and the attention and feed-forward read
+/// the same values from views of one output (under the crate's kernels, a single row's one-node
+/// attention reads the three products joined).
 #[test]
 fn joined_products_give_the_frame_of_separate_ones() {
     use qtts::code_predictor::LayerKernel;
@@ -537,9 +559,9 @@ fn joined_products_give_the_frame_of_separate_ones() {
     let hidden: Vec<f32> = (0..64)
         .map(|i| ((i * 29 % 64) as f32 / 32.0) - 1.0)
         .collect();
-    let mut kernels = vec![LayerKernel::Ggml];
-    if qtts::code_predictor::q4k::available() {
-        kernels.extend([LayerKernel::Vnni, LayerKernel::Packed]);
+    let mut kernels = vec![LayerKernel::Ggml, LayerKernel::Scalar];
+    if packed_available() {
+        kernels.push(LayerKernel::Packed);
     }
     for ty in [OutType::Q8_0, OutType::Q4K, OutType::F32] {
         let (_tmp, out) = common::random_converted(&cfg, 11, ty);
@@ -553,14 +575,6 @@ fn joined_products_give_the_frame_of_separate_ones() {
         for &kernel in &kernels {
             let run = |cp: &mut CodePredictor| greedy_frame(cp, kernel, &pool, &hidden, 3);
             let (a, b) = (run(&mut joined), run(&mut separate));
-            if kernel == LayerKernel::Packed && ty != OutType::F32 {
-                // Single rows then attend in one node (`Context::attend_one`), rounding as it
-                // sums, where the separate products go through ggml's attention ops.
-                let scale = b.1.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let e = max_abs_until_parted(&a, &b);
-                assert!(e <= 1e-5 * scale.max(1.0), "{ty:?}: {e} of {scale}");
-                continue;
-            }
             assert_eq!(a.0, b.0, "{ty:?} {kernel:?}: codes");
             assert!(
                 a.1.iter()
@@ -578,8 +592,7 @@ fn joined_products_give_the_frame_of_separate_ones() {
 /// same kernel on the same row, whatever the thread split).
 #[test]
 fn packed_heads_in_the_graphs_give_the_heads_own_logits() {
-    if !qtts::code_predictor::q4k::available() {
-        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+    if !packed_available() {
         return;
     }
     let mut cfg =

@@ -16,12 +16,21 @@ use qtts::talker::{
     GenOptions, Next, Runtime, Session, StopReason, Talker, TalkerError, TextInput, TextMode, Voice,
 };
 
-/// Every talker runtime this CPU runs: llama.cpp, the own graph on ggml's products, and the own
-/// graph on the packed VNNI kernels where the CPU has them.
+/// Every talker runtime this process runs: llama.cpp, the own graph on ggml's products, on the
+/// crate's scalar kernels, and on the packed kernels where the kernel tier has them.
 fn runtimes() -> Vec<Runtime> {
-    let mut v = vec![Runtime::LlamaCpp, Runtime::Graph(LayerKernel::Ggml)];
-    if qtts::code_predictor::q4k::available() {
+    let mut v = vec![
+        Runtime::LlamaCpp,
+        Runtime::Graph(LayerKernel::Ggml),
+        Runtime::Graph(LayerKernel::Scalar),
+    ];
+    if LayerKernel::fastest() == LayerKernel::Packed {
         v.push(Runtime::Graph(LayerKernel::Packed));
+    } else {
+        eprintln!(
+            "packed kernels: skipped, kernel tier {} has none",
+            qtts::kernels::active()
+        );
     }
     v
 }
@@ -619,7 +628,7 @@ fn graph_talker_steps_follow_llama_cpp_at_q4k() {
     let e = max_abs(&llama.1[..3072], &graph.1[..3072]);
     eprintln!("llama.cpp vs the exact graph: prefill logits max {e:e} of {scale}");
     let mut others = vec![Runtime::Graph(LayerKernel::Ggml)];
-    if qtts::code_predictor::q4k::available() {
+    if LayerKernel::fastest() == LayerKernel::Packed {
         others.push(Runtime::Graph(LayerKernel::Packed));
     }
     // Both keep q8_0 caches attended by ggml's flash attention, but their roundings are not the

@@ -177,9 +177,14 @@ fn joined_products_give_the_logits_of_separate_ones() {
     let rows: Vec<f32> = (0..6 * h)
         .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
         .collect();
-    let mut kernels = vec![LayerKernel::Ggml];
-    if qtts::code_predictor::q4k::available() {
-        kernels.extend([LayerKernel::Vnni, LayerKernel::Packed]);
+    let mut kernels = vec![LayerKernel::Ggml, LayerKernel::Scalar];
+    if LayerKernel::fastest() == LayerKernel::Packed {
+        kernels.push(LayerKernel::Packed);
+    } else {
+        eprintln!(
+            "packed kernels: skipped, kernel tier {} has none",
+            qtts::kernels::active()
+        );
     }
     for kernel in kernels {
         let run = |join: bool| {

@@ -329,12 +329,16 @@ fn full_size_decoder_streams_the_same_in_any_chunking() {
         1 + (rng % 8) as usize
     });
     let mut exact: Option<BTreeMap<&str, Vec<f32>>> = None;
-    for products in [Products::HostF32, Products::HostBf16] {
-        if products == Products::HostBf16 && !qtts::ffi::amx::available() {
-            eprintln!("bf16 products: skipped, no AMX-BF16 here");
-            continue;
-        }
-        let mut voc = Vocoder::load_options(&f, None, products).unwrap();
+    use qtts::kernels::bf16::Kernel;
+    for products in [None, Some(Kernel::Amx), Some(Kernel::Avx512)] {
+        let mut voc = match products {
+            None => Vocoder::load_options(&f, None, Products::HostF32).unwrap(),
+            Some(k) if !k.available() => {
+                eprintln!("bf16 products by {k:?}: skipped, this CPU lacks the instructions");
+                continue;
+            }
+            Some(k) => Vocoder::load_bf16(&f, k).unwrap(),
+        };
         let whole = run(&mut voc, &[N]);
         // bf16 products: every stage close to the exact one (8 significant bits per factor,
         // compounded through the stages), and not equal to it (the matrices were packed).

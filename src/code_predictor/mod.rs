@@ -17,17 +17,18 @@
 //!   as in the reference (a fresh `DynamicCache` per `code_predictor.generate`).
 
 pub mod heads;
-pub mod q4k;
-pub mod q4k16;
-pub mod q8;
-mod quant;
 
-use heads::{Heads, Kernel};
+use heads::Heads;
 
 use crate::error::ModelError;
-use crate::ffi::{Context, GgmlError, MatKernel, OwnedGraph, Tensor, Threadpool};
-use crate::gguf::{GgmlType, GgufFile, TensorInfo, Value};
-use crate::qwen3;
+use crate::ffi::{Context, GgmlError, OwnedGraph, Threadpool};
+use crate::gguf::{GgmlType, GgufFile, Value};
+use crate::kernels::dot::Kernel;
+use crate::kernels::quant::{self, QType};
+pub use crate::qwen3::LayerKernel;
+use crate::qwen3::{
+    self, layer_product, packed_type, repack, write_layer_joined, write_product_weight, JOINED,
+};
 
 /// Positions per frame: the talker's hidden state, codebook 0, then codebooks 1..14 (15 is never
 /// fed back).
@@ -118,42 +119,6 @@ impl Profile {
     }
 }
 
-/// Which code computes the code predictor's q4_K, q5_K and q8_0 layer products.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LayerKernel {
-    /// ggml's `mul_mat`: the benches' baseline, and the only one without AVX-512 VNNI.
-    Ggml,
-    /// [`q4k::mat_vnni`] and [`q8::mat_vnni`] on the file's rows.
-    Vnni,
-    /// q4_K, q5_K and q8_0 matrices packed 16 rows at a time at load and multiplied by
-    /// [`q4k16::mat_vnni`], [`q4k16::mat_vnni5`] and [`q8::mat_packed`]: the default where
-    /// [`q4k::available`]. (`Vnni` and `Ggml` leave q5_K to ggml.)
-    Packed,
-}
-
-impl LayerKernel {
-    /// Refuses the VNNI kernels on a CPU without their features.
-    pub fn check_available(self) -> Result<(), ModelError> {
-        if self != LayerKernel::Ggml && !q4k::available() {
-            return Err(ModelError::Unsupported {
-                what: "VNNI q4_K and q8_0 products".into(),
-                expected: "a CPU with AVX-512 F, BW, VL, VNNI and F16C".into(),
-                found: "a CPU without them".into(),
-            });
-        }
-        Ok(())
-    }
-
-    /// The fastest this CPU runs.
-    pub fn fastest() -> Self {
-        if q4k::available() {
-            LayerKernel::Packed
-        } else {
-            LayerKernel::Ggml
-        }
-    }
-}
-
 /// The names of the weights [`layer_product`] may multiply by, for `n_layer` layers (the
 /// [`JOINED`] matrices and their parts: a context holds one or the other).
 fn product_names(n_layer: usize) -> Vec<String> {
@@ -174,129 +139,6 @@ fn product_names(n_layer: usize) -> Vec<String> {
         }
     }
     names
-}
-
-/// Whether a weight of type `ty` and shape `ne` is packed under `kernel`.
-fn packs(kernel: LayerKernel, ty: GgmlType, ne: &[usize]) -> bool {
-    kernel == LayerKernel::Packed
-        && match ty {
-            GgmlType::Q4K | GgmlType::Q5K => q4k16::fits(ne[1], ne[0]),
-            GgmlType::Q8_0 => q8::fits(ne[1], ne[0]),
-            _ => false,
-        }
-}
-
-/// The types [`packs`] may pack.
-const PACKED_TYPES: [GgmlType; 3] = [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q8_0];
-
-/// The type of weight `w` when [`packs`] packs it under `kernel`.
-fn packed_type(kernel: LayerKernel, w: Tensor<'_>) -> Option<GgmlType> {
-    let ty = PACKED_TYPES.into_iter().find(|&t| w.is_type(t))?;
-    packs(kernel, ty, &w.ne()).then_some(ty)
-}
-
-/// Packs (`forward`) or unpacks the `n` rows of a q4_K, q5_K or q8_0 weight, in place.
-fn repack(ty: GgmlType, bytes: &mut [u8], n: usize, forward: bool) {
-    let row_bytes = bytes.len() / n;
-    let f = match (ty, forward) {
-        (GgmlType::Q4K, true) => q4k16::pack,
-        (GgmlType::Q4K, false) => q4k16::unpack,
-        (GgmlType::Q5K, true) => q4k16::pack5,
-        (GgmlType::Q5K, false) => q4k16::unpack5,
-        (GgmlType::Q8_0, true) => q8::pack,
-        (GgmlType::Q8_0, false) => q8::unpack,
-        _ => unreachable!("{ty:?} is never packed (see `packs`)"),
-    };
-    f(bytes, n, row_bytes)
-}
-
-/// Layer matrices that multiply the same input, joined row after row into one matrix (named
-/// first) when their file tensors allow it (one packed type, rows in whole
-/// packing groups): one product and one graph node where there were three or two, the
-/// input quantized once, and the feed-forward's `silu(gate) · up` read from one output
-/// ([`Context::swiglu_halves`]). The Qwen3 layer takes the joined matrix where it exists.
-pub const JOINED: [(&str, &[&str]); 2] = [
-    (
-        "attn_qkv.weight",
-        &["attn_q.weight", "attn_k.weight", "attn_v.weight"],
-    ),
-    ("ffn_gate_up.weight", &["ffn_gate.weight", "ffn_up.weight"]),
-];
-
-/// The file's tensors `parts` of a [`JOINED`] group, when they can be joined: one type that the
-/// packed kernels take, rows of the same length, and each part's rows in whole packing groups,
-/// so that packing the joined matrix packs each part as it would alone (any kernel then reads
-/// it: ggml's and the row kernels see the parts' rows one after the other).
-fn joinable<'h>(f: &'h GgufFile, parts: &[String]) -> Option<Vec<&'h TensorInfo>> {
-    let infos = parts
-        .iter()
-        .map(|n| f.header.tensor(n))
-        .collect::<Option<Vec<_>>>()?;
-    let first = infos.first()?;
-    let ok = PACKED_TYPES.contains(&first.ty)
-        && infos.iter().all(|t| {
-            let ne: Vec<usize> = t.ne.iter().map(|&x| x as usize).collect();
-            t.ty == first.ty
-                && ne.len() == 2
-                && t.ne[0] == first.ne[0]
-                && packs(LayerKernel::Packed, t.ty, &ne)
-        });
-    ok.then_some(infos)
-}
-
-/// Writes one layer's [`JOINED`] matrices into `ctx`, each where [`joinable`] allows: `file(m)`
-/// is the file's name of the layer's matrix `m` (`attn_q.weight`, ...), `name(m)` the context's;
-/// packed when `kernel` packs them. Returns the file names of the parts written (the caller
-/// copies the layer's other tensors) and releases their pages.
-pub(crate) fn write_layer_joined(
-    ctx: &Context,
-    f: &GgufFile,
-    file: &dyn Fn(&str) -> String,
-    name: &dyn Fn(&str) -> String,
-    kernel: LayerKernel,
-) -> Result<Vec<String>, ModelError> {
-    let mut written = Vec::new();
-    for (joined, parts) in JOINED {
-        let parts: Vec<String> = parts.iter().map(|p| file(p)).collect();
-        let Some(infos) = joinable(f, &parts) else {
-            continue;
-        };
-        let (ty, k) = (infos[0].ty, infos[0].ne[0] as usize);
-        let n: usize = infos.iter().map(|t| t.ne[1] as usize).sum();
-        let mut bytes = Vec::with_capacity(infos.iter().map(|t| t.nbytes as usize).sum());
-        for t in &infos {
-            let missing = || ModelError::MissingTensor {
-                path: f.path().into(),
-                tensor: t.name.clone(),
-            };
-            bytes.extend_from_slice(f.tensor_data(&t.name).ok_or_else(missing)?);
-            f.release(&t.name);
-        }
-        let w = ctx.new_tensor(ty, &[k, n]).map_err(ModelError::from)?;
-        write_product_weight(w, ty, bytes.into(), kernel).map_err(ModelError::from)?;
-        w.set_name(&name(joined));
-        written.extend(parts);
-    }
-    Ok(written)
-}
-
-/// Writes a layer product's weight `w` from the file's bytes `data`, packed for
-/// [`q4k16::mat_vnni`], [`q4k16::mat_vnni5`] or [`q8::mat_packed`] when [`packs`] says so under
-/// `kernel`.
-pub(crate) fn write_product_weight(
-    w: Tensor<'_>,
-    ty: GgmlType,
-    data: std::borrow::Cow<'_, [u8]>,
-    kernel: LayerKernel,
-) -> Result<(), GgmlError> {
-    let ne = w.ne();
-    if packs(kernel, ty, &ne) && data.len() == w.nbytes() {
-        let mut packed = data.into_owned();
-        repack(ty, &mut packed, ne[1], true);
-        w.write_bytes(&packed)
-    } else {
-        w.write_bytes(&data)
-    }
 }
 
 /// The code predictor stage: weights, KV cache and the graphs of one frame.
@@ -507,9 +349,10 @@ impl CodePredictor {
         Ok(())
     }
 
-    /// Packs q8_0 sample heads for [`q8::mat_packed`] ([`Heads::to_packed`]): the heads several
-    /// times faster, their logits no longer the same on every CPU. Does nothing to f32 heads
-    /// (which stay exact) or without the CPU's features; returns whether the heads are packed.
+    /// Packs q8_0 sample heads for the tier's packed q8_0 kernel ([`Heads::to_packed`]): the
+    /// heads several times faster, their input quantized to int8 as the layers' is (the same
+    /// logits on every tier, not those of the unpacked heads). Does nothing to f32 heads (which
+    /// stay exact) or on a tier without packed kernels; returns whether the heads are packed.
     ///
     /// Packed heads are multiplied by each sub-step's graph, as its last node, on the pool's
     /// threads; when those graphs cannot be built, by this thread between the graphs.
@@ -798,7 +641,7 @@ fn load_heads(f: &GgufFile, g: &Geometry) -> Result<Heads, ModelError> {
     let quantized = !matches!(head.ty, GgmlType::F32 | GgmlType::F16);
     if !quantized || !g.n_embd.is_multiple_of(32) || per_head == 0 || !n.is_multiple_of(per_head) {
         let w = crate::ffi::dequantize(head.ty, data, n).map_err(ModelError::from)?;
-        return Ok(Heads::new(w, g.n_codes, g.n_embd, Kernel::detect()));
+        return Ok(Heads::new(w, g.n_codes, g.n_embd, Kernel::active()));
     }
     let bytes_per_head = data.len() / (n / per_head);
     let mut q8 = Vec::with_capacity(n / 32 * 34);
@@ -810,7 +653,7 @@ fn load_heads(f: &GgufFile, g: &Geometry) -> Result<Heads, ModelError> {
         &q8,
         g.n_codes,
         g.n_embd,
-        Kernel::detect(),
+        Kernel::active(),
     ))
 }
 
@@ -924,16 +767,21 @@ fn build_step(
             outs.push(last);
             // The step's sample head as the graph's last node, on the pool's threads
             // (`CodePredictor::pack_heads`).
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = heads;
-            #[cfg(target_arch = "x86_64")]
             if let Some(h) = heads.filter(|_| cached) {
                 let head = h.get(&format!("head.{step}")).ok_or(GgmlError::Shape {
                     what: "sample head",
                     expected: format!("head.{step}"),
                     found: "none".into(),
                 })?;
-                let logits = c.map_mat_in::<{ quant::GROUP }>(head, last, q8::mat_packed)?;
+                // Packed heads exist only where the tier has the kernel (`Heads::to_packed`).
+                let kernel = quant::packed_kernel(QType::Q8_0, crate::kernels::caps()).ok_or(
+                    GgmlError::Shape {
+                        what: "packed sample heads",
+                        expected: "a kernel tier with a packed q8_0 kernel".into(),
+                        found: crate::kernels::active().to_string(),
+                    },
+                )?;
+                let logits = c.map_mat_in::<{ quant::GROUP }>(head, last, kernel)?;
                 outs.push(logits.set_name("out.logits"));
             }
             Ok(outs.into_iter().map(|t| t.node()).collect())
@@ -951,64 +799,4 @@ fn build_steps(
     (0..POSITIONS - 1)
         .map(|step| build_step(w, heads, g, step, true, kernel).map_err(ModelError::from))
         .collect()
-}
-
-/// `mul_mat(w, x)` of a layer, by `kernel`: packed q4_K, q5_K and q8_0 rows by
-/// [`q4k16::mat_vnni`], [`q4k16::mat_vnni5`] and [`q8::mat_packed`] (packed at load or by
-/// [`CodePredictor::set_layer_kernel`], see [`packs`]), other q4_K and q8_0 rows by
-/// [`q4k::mat_vnni`] and [`q8::mat_vnni`], unless `kernel` is [`LayerKernel::Ggml`] (the only
-/// one set without the CPU's features).
-pub(crate) fn layer_product<'a>(
-    c: &'a Context,
-    w: Tensor<'a>,
-    x: Tensor<'a>,
-    kernel: LayerKernel,
-) -> Result<Tensor<'a>, GgmlError> {
-    match rust_kernel(kernel, w) {
-        Some(f) => product_by(c, f, w, x, None, None),
-        None => c.mul_mat(w, x),
-    }
-}
-
-/// The Rust kernel [`layer_product`] multiplies by `w` with under `kernel`, and the rows it
-/// reads at a time; `None` for ggml's `mul_mat`.
-pub(crate) fn rust_kernel(kernel: LayerKernel, w: Tensor<'_>) -> Option<(MatKernel, usize)> {
-    #[cfg(target_arch = "x86_64")]
-    if kernel != LayerKernel::Ggml {
-        if let Some(ty) = packed_type(kernel, w) {
-            let f: MatKernel = match ty {
-                GgmlType::Q4K => q4k16::mat_vnni,
-                GgmlType::Q5K => q4k16::mat_vnni5,
-                GgmlType::Q8_0 => q8::mat_packed,
-                _ => unreachable!("{ty:?} is never packed (see `packs`)"),
-            };
-            return Some((f, quant::GROUP));
-        }
-        let ne = w.ne();
-        if w.is_type(GgmlType::Q4K) && ne[0].is_multiple_of(q4k::BLOCK) {
-            return Some((q4k::mat_vnni, 1));
-        }
-        if w.is_type(GgmlType::Q8_0) && ne[0].is_multiple_of(q8::BLOCK) {
-            return Some((q8::mat_vnni, 1));
-        }
-    }
-    let _ = (kernel, w);
-    None
-}
-
-/// `w · x` by a kernel of [`rust_kernel`], `x` normed first and `residual` added as
-/// [`Context::map_mat_with`] folds them.
-pub(crate) fn product_by<'a>(
-    c: &'a Context,
-    (f, rows): (MatKernel, usize),
-    w: Tensor<'a>,
-    x: Tensor<'a>,
-    norm: Option<(Tensor<'a>, f32)>,
-    residual: Option<Tensor<'a>>,
-) -> Result<Tensor<'a>, GgmlError> {
-    if rows == quant::GROUP {
-        c.map_mat_with::<{ quant::GROUP }>(w, x, norm, residual, f)
-    } else {
-        c.map_mat_with::<1>(w, x, norm, residual, f)
-    }
 }

@@ -249,8 +249,9 @@ impl ThreadPlan {
 pub enum DecoderWeights {
     /// f32, the heavy products on the host ([`crate::ffi::Context::conv_gemm`]): exact.
     F32,
-    /// bf16 on AMX tiles ([`crate::vocoder::Products::HostBf16`]): 2-3x faster than f32 where the
-    /// CPU has AMX-BF16, about 32 dB from f32 on random weights; an error elsewhere.
+    /// bf16 ([`crate::vocoder::Products::HostBf16`]) on AMX tiles or with AVX-512 BF16 dot
+    /// products: 2-3x faster than f32 where the kernel tier has either, about 32 dB from f32 on
+    /// random weights; an error elsewhere.
     Bf16,
     /// q8_0 through ggml: a quarter of f32's memory, about 19 dB from f32 on random weights,
     /// slower than the host products.
@@ -258,9 +259,15 @@ pub enum DecoderWeights {
 }
 
 impl DecoderWeights {
-    /// bf16 where [`crate::ffi::amx::available`], else f32.
+    /// bf16 where the process's kernel tier has a bf16 kernel ([`crate::kernels::bf16::Kernel`]),
+    /// else f32.
     pub fn fastest() -> Self {
-        if crate::ffi::amx::available() {
+        Self::fastest_for(crate::kernels::active())
+    }
+
+    /// bf16 where `tier` has a bf16 kernel, else f32.
+    pub fn fastest_for(tier: crate::kernels::Tier) -> Self {
+        if crate::kernels::bf16::Kernel::for_caps(tier.caps()).is_some() {
             DecoderWeights::Bf16
         } else {
             DecoderWeights::F32

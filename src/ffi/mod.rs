@@ -18,10 +18,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
 
-pub mod amx;
 mod ops;
+pub use crate::kernels::MatKernel;
 pub(crate) use ops::rms_norm_row;
-pub use ops::{AttendKernel, AttendOne, MatKernel, RowKernel3};
+pub use ops::{AttendKernel, AttendOne, RowKernel3};
 
 pub use llama_cpp_sys_2 as sys;
 

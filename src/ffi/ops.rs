@@ -4,8 +4,9 @@
 //! Each method checks what ggml would abort on before calling it, as the ops of the parent module
 //! do; the semantics are those of the vendored ggml (`ggml/src/ggml-cpu/ops.cpp`, `vec.h`).
 
-use super::{amx, sys, Context, GgmlError, Tensor};
+use super::{sys, Context, GgmlError, Tensor};
 use crate::gguf::GgmlType;
+use crate::kernels::{attend, bf16, MatKernel};
 
 impl Context {
     /// Refuses what ggml's CPU kernels of elementwise and row ops assert on at compute time: a
@@ -619,6 +620,9 @@ const CONV_GEMM_MAX: usize = (1 << 14) - 1;
 const CONV_GEMM_BIAS: usize = 1 << 28;
 /// `userdata` flag of [`Context::conv_gemm_then`]: a residual is the node's last source.
 const CONV_GEMM_RESIDUAL: usize = 1 << 29;
+/// `userdata` flag of [`Context::conv_gemm_by`]: a bf16 kernel runs on AVX-512 BF16 (else on
+/// AMX tiles).
+const CONV_GEMM_AVX512_BF16: usize = 1 << 30;
 
 /// What [`Context::conv_gemm_then`] adds to the product's rows as each part is stored: the bias,
 /// then the residual.
@@ -681,7 +685,7 @@ impl Epilogue {
 
 /// ggml's side of [`Context::conv_gemm`]: an f32 kernel splits the output rows over the graph's
 /// threads, each thread one `sgemm` per tap (one in all when the taps are adjacent); a bf16 kernel
-/// splits the 32 × 32 output blocks of [`amx::conv`]. Each thread adds the epilogue to its own
+/// splits the 32 × 32 output blocks of [`bf16::conv`]. Each thread adds the epilogue to its own
 /// rows or blocks.
 unsafe extern "C" fn conv_gemm_trampoline(
     dst: *mut sys::ggml_tensor,
@@ -692,7 +696,7 @@ unsafe extern "C" fn conv_gemm_trampoline(
     let word = userdata as usize;
     let (taps, dilation) = ((word >> 14) & CONV_GEMM_MAX, word & CONV_GEMM_MAX);
     // SAFETY: `conv_gemm_then` built this node: its sources are the contiguous kernel
-    // `[taps · c_in, c_out]` (f32, or bf16 packed by `amx::pack` when AMX is available and the
+    // `[taps · c_in, c_out]` (f32, or bf16 packed by `bf16::pack` when a bf16 kernel is available and the
     // shape fits), the f32 input `[c_in, t_out + (taps − 1) · dilation]`, then, as the word's
     // flags say, the contiguous f32 bias (a length dividing `c_out`) and the contiguous f32
     // residual `[c_out, t_out]`; `dst` is a fresh contiguous f32 `[c_out, t_out]` (ggml never
@@ -718,21 +722,27 @@ unsafe extern "C" fn conv_gemm_trampoline(
             epilogue.residual = (*(*dst).src[next]).data as *const f32;
         }
         let y = (*dst).data as *mut f32;
-        #[cfg(target_arch = "x86_64")]
         if (*w).type_ == sys::GGML_TYPE_BF16 {
-            let s = amx::Conv {
+            // `conv_gemm_by` built a bf16 node only with the kernel available.
+            let kernel = if word & CONV_GEMM_AVX512_BF16 != 0 {
+                bf16::Kernel::Avx512
+            } else {
+                bf16::Kernel::Amx
+            };
+            let s = bf16::Conv {
                 c_in,
                 taps,
                 dilation,
                 t_out,
                 n: c_out,
             };
-            amx::conv(
+            bf16::conv(
+                kernel,
                 (*w).data as *const u16,
                 (*x).data as *const f32,
                 y,
                 s,
-                thread_share(amx::blocks(t_out, c_out), ith, nth),
+                thread_share(bf16::blocks(t_out, c_out), ith, nth),
                 |rows, cols| epilogue.apply(y, c_out, rows, cols),
             );
             return;
@@ -782,8 +792,9 @@ impl Context {
     /// and `mul_mat`; each output value sums its products in the same order whatever the row
     /// count and thread count, so results do not depend on how a signal is chunked.
     ///
-    /// A bf16 kernel (`[taps · c_in, c_out]` packed by [`amx::pack`], where [`amx::available`]
-    /// and [`amx::fits`]`(c_in, c_out)`) is computed on AMX tiles from a bf16 copy of the input:
+    /// A bf16 kernel (`[taps · c_in, c_out]` packed by [`bf16::pack`], where the process's tier
+    /// has a [`bf16::Kernel`] and [`bf16::fits`]`(c_in, c_out)`) is computed by that kernel (AMX
+    /// tiles or AVX-512 BF16 dot products) from a bf16 copy of the input:
     /// not exact (bf16 keeps 8 significant bits), also independent of the chunking.
     pub fn conv_gemm<'a>(
         &'a self,
@@ -809,25 +820,39 @@ impl Context {
         bias: Option<Tensor<'a>>,
         residual: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
+        self.conv_gemm_by(bf16::Kernel::active(), w, x, taps, dilation, bias, residual)
+    }
+
+    /// [`Context::conv_gemm_then`] with a bf16 weight computed by `kernel` (the benches' and
+    /// tests' way to compare the bf16 kernels in one process; `conv_gemm_then` takes the
+    /// process's tier's). An f32 weight ignores `kernel`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_gemm_by<'a>(
+        &'a self,
+        kernel: Option<bf16::Kernel>,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        taps: usize,
+        dilation: usize,
+        bias: Option<Tensor<'a>>,
+        residual: Option<Tensor<'a>>,
+    ) -> Result<Tensor<'a>, GgmlError> {
         let bf16 = w.is_type(GgmlType::BF16);
         if bf16 {
             // SAFETY: the tensor is live; the contiguity test reads only its shape and strides.
             let dense = unsafe { sys::ggml_is_contiguous(w.ptr.as_ptr()) };
-            if !cfg!(target_arch = "x86_64")
-                || !amx::available()
-                || !dense
-                || !amx::fits(x.ne()[0], w.ne()[1])
-            {
+            let usable = kernel.is_some_and(bf16::Kernel::available);
+            if !usable || !dense || !bf16::fits(x.ne()[0], w.ne()[1]) {
                 return Err(GgmlError::Shape {
                     what: "conv_gemm bf16 kernel",
-                    expected: "a contiguous kernel packed by amx::pack, c_in a multiple of 32, \
-                               c_out of 32, on a CPU with AMX-BF16 (else an f32 kernel)"
+                    expected: "a contiguous kernel packed by bf16::pack, c_in a multiple of 32, \
+                               c_out of 32, on a kernel tier with AMX-BF16 or AVX-512 BF16 (else \
+                               an f32 kernel)"
                         .into(),
                     found: format!(
-                        "kernel {:?}, contiguous {dense}, input {:?}, AMX {}",
+                        "kernel {:?}, contiguous {dense}, input {:?}, bf16 kernel {kernel:?}",
                         w.ne(),
                         x.ne(),
-                        amx::available()
                     ),
                 });
             }
@@ -860,6 +885,9 @@ impl Context {
         let (c_out, t_out) = (nw[1], nx[1] - span);
         let mut args = vec![w, x];
         let mut word = (taps << 14) | dilation;
+        if w.is_type(GgmlType::BF16) && kernel == Some(bf16::Kernel::Avx512) {
+            word |= CONV_GEMM_AVX512_BF16;
+        }
         if let Some(b) = bias {
             Self::dense_f32("conv_gemm bias", b)?;
             let len = b.n_elems();
@@ -897,24 +925,6 @@ impl Context {
         }
     }
 }
-
-/// A matrix kernel for [`Context::map_mat`]: `y[j · y_stride + r] = row r of w · row j of x` for
-/// the `n` weight rows at `w` (each `row_bytes` long, of `k` weights in the kernel's own type)
-/// and the `m` input rows at `x` (`k` f32 each).
-///
-/// # Safety
-/// The caller passes `n · row_bytes` readable bytes at `w`, `m · k` floats at `x`, and room for
-/// every `y` index above; the kernel reads and writes nothing else.
-pub type MatKernel = unsafe fn(
-    w: *const u8,
-    row_bytes: usize,
-    n: usize,
-    k: usize,
-    x: *const f32,
-    m: usize,
-    y: *mut f32,
-    y_stride: usize,
-);
 
 /// ggml's side of [`Context::map_mat_in`]: splits the weight rows over the graph's threads in
 /// whole groups of `G` rows.
@@ -1300,10 +1310,7 @@ impl Context {
     }
 }
 
-/// Bytes of a q8_0 block: an f16 scale, then 32 signed values.
-const Q8_0_BLOCK: usize = GgmlType::Q8_0.type_size() as usize;
-/// The most query heads a key/value head serves in [`Context::attend_q8_row`].
-const MAX_GROUP: usize = 8;
+use attend::{MAX_GROUP, Q8_0_BLOCK};
 
 impl Context {
     /// One row's attention over q8_0 caches, in one node: the query heads `q` (f32
@@ -1340,6 +1347,7 @@ impl Context {
             && [k2, k3] == [1, 1]
             && hd > 0
             && hd.is_multiple_of(32)
+            && hd <= attend::MAX_HEAD_DIM
             && n_head_kv > 0
             && nh.is_multiple_of(n_head_kv)
             && nh / n_head_kv <= MAX_GROUP
@@ -1350,9 +1358,10 @@ impl Context {
             return Err(GgmlError::Shape {
                 what: "attend_q8_row",
                 expected: format!(
-                    "contiguous f32 q [d, heads, 1] with d a multiple of 32 and at most \
-                     {MAX_GROUP} heads per key head, q8_0 caches [d · {n_head_kv}, n_ctx], one \
-                     i32 position"
+                    "contiguous f32 q [d, heads, 1] with d a multiple of 32 up to {}, and at \
+                     most {MAX_GROUP} heads per key head, q8_0 caches [d · {n_head_kv}, n_ctx], one \
+                     i32 position",
+                    attend::MAX_HEAD_DIM
                 ),
                 found: format!(
                     "q {:?}, k {:?}, v {:?}, position {:?}",
@@ -1400,17 +1409,17 @@ unsafe extern "C" fn attend_q8_trampoline(
         let group = nh / nkv;
         let (g0, g1) = thread_share(nkv, ith, nth);
         let caches = ((*k).data as *const u8, (*v).data as *const u8);
-        let mut kernel: GroupKernel = attend_q8_group;
-        #[cfg(target_arch = "x86_64")]
-        if hd <= 256 && std::arch::is_x86_feature_detected!("avx512bw") {
-            kernel = attend_q8_group_avx512;
-        }
+        let kernel = attend::kernel(crate::kernels::caps());
         SCORES.with_borrow_mut(|scores| {
             for g in g0..g1 {
                 let heads = g * group * hd..(g + 1) * group * hd;
                 let at = g * (hd / 32) * Q8_0_BLOCK;
+                // The group's queries rounded to q8_0, as ggml's flash attention rounds them.
+                let Ok(qb) = super::quantize(GgmlType::Q8_0, &q[heads.clone()], hd) else {
+                    return;
+                };
                 kernel(
-                    &q[heads.clone()],
+                    &qb,
                     hd,
                     (caches.0.add(at), caches.1.add(at)),
                     row,
@@ -1424,230 +1433,7 @@ unsafe extern "C" fn attend_q8_trampoline(
     }
 }
 
-/// [`attend_q8_group`] or its AVX-512 twin.
-type GroupKernel =
-    unsafe fn(&[f32], usize, (*const u8, *const u8), usize, usize, f32, &mut Vec<f32>, &mut [f32]);
-
 std::thread_local! {
-    /// [`attend_q8_group`]'s scores, per thread (grows to the longest attention, once).
+    /// [`Context::attend_q8_row`]'s scores, per thread (grows to the longest attention, once).
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The attention of the `q.len() / d` query heads (of `d` values, rounded to q8_0 first) of one
-/// key/value head over `n` positions:
-/// key and value rows of `d` q8_0 values at `k` and `v`, `row` bytes apart. Writes the heads'
-/// outputs (`d` each) into `out`.
-///
-/// # Safety
-/// `k` and `v` hold `n` rows `row` bytes apart, each starting with this head's `d / 32` blocks.
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_q8_group(
-    q: &[f32],
-    d: usize,
-    (k, v): (*const u8, *const u8),
-    row: usize,
-    n: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let group = q.len() / d;
-    let nb = d / 32;
-    // The queries rounded to q8_0, as ggml's flash attention (and the AVX-512 twin) round them.
-    let Ok(q) = super::quantize(GgmlType::Q8_0, q, d)
-        .and_then(|b| super::dequantize(GgmlType::Q8_0, &b, group * d))
-    else {
-        return;
-    };
-    scores.clear();
-    scores.resize(group * n, 0.0);
-    let mut kf = [0f32; 32];
-    for t in 0..n {
-        let mut acc = [[0f32; 32]; MAX_GROUP];
-        for b in 0..nb {
-            // SAFETY: block b of this head's key row at position t (the caller's contract).
-            unsafe { dequant_q8(k.add(t * row + b * Q8_0_BLOCK), &mut kf) };
-            for (h, acc) in acc[..group].iter_mut().enumerate() {
-                let qb = &q[h * d + b * 32..][..32];
-                for i in 0..32 {
-                    acc[i] += kf[i] * qb[i];
-                }
-            }
-        }
-        for (h, acc) in acc[..group].iter().enumerate() {
-            scores[h * n + t] = sum32(acc) * scale;
-        }
-    }
-    softmax_rows(scores, n);
-    out.fill(0.0);
-    for t in 0..n {
-        for b in 0..nb {
-            // SAFETY: block b of this head's value row at position t (the caller's contract).
-            unsafe { dequant_q8(v.add(t * row + b * Q8_0_BLOCK), &mut kf) };
-            for h in 0..group {
-                let w = scores[h * n + t];
-                let o = &mut out[h * d + b * 32..][..32];
-                for i in 0..32 {
-                    o[i] += w * kf[i];
-                }
-            }
-        }
-    }
-}
-
-/// Each row of `n` scores (one row a query head) as its softmax, in place.
-fn softmax_rows(scores: &mut [f32], n: usize) {
-    for s in scores.chunks_exact_mut(n) {
-        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let mut sum = 0f32;
-        for x in s.iter_mut() {
-            *x = (*x - max).exp();
-            sum += *x;
-        }
-        let inv = 1.0 / sum;
-        for x in s.iter_mut() {
-            *x *= inv;
-        }
-    }
-}
-
-/// The scale of the q8_0 block at `p` (its first two bytes, an f16).
-///
-/// # Safety
-/// `p` points at a whole q8_0 block.
-#[inline(always)]
-unsafe fn q8_scale(p: *const u8) -> f32 {
-    // SAFETY: the caller's block starts with its scale.
-    half::f16::from_bits(unsafe { u16::from_le_bytes([*p, *p.add(1)]) }).to_f32()
-}
-
-/// The 32 values of the q8_0 block at `p`.
-///
-/// # Safety
-/// `p` points at a whole q8_0 block.
-#[inline(always)]
-unsafe fn dequant_q8(p: *const u8, out: &mut [f32; 32]) {
-    // SAFETY: the caller's block: 2 bytes of f16 scale, 32 values.
-    let (scale, qs) = unsafe {
-        (
-            q8_scale(p),
-            std::slice::from_raw_parts(p.add(2) as *const i8, 32),
-        )
-    };
-    for (o, &x) in out.iter_mut().zip(qs) {
-        *o = x as f32 * scale;
-    }
-}
-
-/// `Σ a` as a tree of lanes (so that it vectorizes, where a running sum would chain 32 adds).
-#[inline(always)]
-fn sum32(a: &[f32; 32]) -> f32 {
-    let mut s = [0f32; 16];
-    for i in 0..16 {
-        s[i] = a[i] + a[i + 16];
-    }
-    for w in [8, 4, 2, 1] {
-        for i in 0..w {
-            s[i] += s[i + w];
-        }
-    }
-    s[0]
-}
-
-/// As [`attend_q8_group`], in AVX-512 (BW for the 16-bit products): each head's query is first
-/// rounded to q8_0 by ggml's own quantizer, as ggml's flash attention rounds it, and each key
-/// block's dot is an integer product (`vpmaddwd`) scaled by both blocks' scales; a key or value
-/// row is read once for all the heads of its group.
-///
-/// # Safety
-/// As [`attend_q8_group`]; the CPU has AVX-512 F and BW; `d` is a multiple of 32 and at most
-/// 256.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_q8_group_avx512(
-    q: &[f32],
-    d: usize,
-    (k, v): (*const u8, *const u8),
-    row: usize,
-    n: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    let group = q.len() / d;
-    let nb = d / 32;
-    // The queries in q8_0, as 16-bit lanes per block, and their scales.
-    let mut q16 = [[_mm512_setzero_si512(); 8]; MAX_GROUP];
-    let mut qd = [[0f32; 8]; MAX_GROUP];
-    let Ok(bytes) = super::quantize(GgmlType::Q8_0, q, d) else {
-        return;
-    };
-    for h in 0..group {
-        for b in 0..nb {
-            let blk = &bytes[(h * nb + b) * Q8_0_BLOCK..][..Q8_0_BLOCK];
-            // SAFETY: a whole block; 32 bytes of its values after the scale.
-            unsafe {
-                qd[h][b] = q8_scale(blk.as_ptr());
-                q16[h][b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(blk[2..].as_ptr().cast()));
-            }
-        }
-    }
-    scores.clear();
-    scores.resize(group * n, 0.0);
-    for t in 0..n {
-        let mut acc = [_mm512_setzero_ps(); MAX_GROUP];
-        for b in 0..nb {
-            // SAFETY: block b of this head's key row at position t (the caller's contract).
-            let (kd, kv) = unsafe {
-                let p = k.add(t * row + b * Q8_0_BLOCK);
-                (
-                    q8_scale(p),
-                    _mm512_cvtepi8_epi16(_mm256_loadu_si256(p.add(2).cast())),
-                )
-            };
-            for h in 0..group {
-                let dot = _mm512_cvtepi32_ps(_mm512_madd_epi16(kv, q16[h][b]));
-                acc[h] = _mm512_fmadd_ps(dot, _mm512_set1_ps(kd * qd[h][b]), acc[h]);
-            }
-        }
-        for h in 0..group {
-            scores[h * n + t] = _mm512_reduce_add_ps(acc[h]) * scale;
-        }
-    }
-    softmax_rows(scores, n);
-    // Each head's output, 16 lanes at a time: at most 16 vectors of 16 for 256 values.
-    let mut o = [[_mm512_setzero_ps(); 16]; MAX_GROUP];
-    for t in 0..n {
-        for b in 0..nb {
-            // SAFETY: block b of this head's value row at position t (the caller's contract).
-            let (lo, hi) = unsafe {
-                let p = v.add(t * row + b * Q8_0_BLOCK);
-                let vd = _mm512_set1_ps(q8_scale(p));
-                let x = _mm256_loadu_si256(p.add(2).cast());
-                (
-                    _mm512_mul_ps(
-                        vd,
-                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(x))),
-                    ),
-                    _mm512_mul_ps(
-                        vd,
-                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(x, 1))),
-                    ),
-                )
-            };
-            for h in 0..group {
-                let w = _mm512_set1_ps(scores[h * n + t]);
-                o[h][2 * b] = _mm512_fmadd_ps(w, lo, o[h][2 * b]);
-                o[h][2 * b + 1] = _mm512_fmadd_ps(w, hi, o[h][2 * b + 1]);
-            }
-        }
-    }
-    for h in 0..group {
-        for (j, lanes) in o[h][..2 * nb].iter().enumerate() {
-            // SAFETY: 16 values of head h's output, inside `out`.
-            unsafe { _mm512_storeu_ps(out[h * d + 16 * j..].as_mut_ptr(), *lanes) };
-        }
-    }
 }

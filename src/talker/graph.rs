@@ -21,13 +21,13 @@
 //!   blocks.
 
 use super::CODEC_VOCAB;
-use crate::code_predictor::{
-    layer_product, write_layer_joined, write_product_weight, LayerKernel, JOINED,
-};
 use crate::error::ModelError;
 use crate::ffi::{Context, GgmlError, OwnedGraph, Tensor, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
-use crate::qwen3::{self, Dims, Kv, Names};
+use crate::qwen3::{
+    self, layer_product, write_layer_joined, write_product_weight, Dims, Kv, LayerKernel, Names,
+    JOINED,
+};
 
 /// llama.cpp's names of the talker's layer tensors that the code predictor names differently.
 const NAMES: Names = Names {
@@ -205,9 +205,9 @@ impl Layers {
 
     /// Whether a graph of `rows` rows over q8_0 caches attends in one node of the engine's own
     /// ([`Context::attend_q8_row`], reading the position, no mask) rather than by ggml's flash
-    /// attention: a step under [`LayerKernel::Packed`].
+    /// attention: a step under the crate's kernels ([`LayerKernel::Scalar`], [`LayerKernel::Packed`]).
     fn attends_row_itself(&self, rows: usize) -> bool {
-        rows == 1 && self.kernel == LayerKernel::Packed
+        rows == 1 && self.kernel != LayerKernel::Ggml
     }
 
     /// Bytes of one position's keys and values in `ty`.

@@ -28,11 +28,11 @@ pub mod graph;
 
 use std::path::{Path, PathBuf};
 
-use crate::code_predictor::LayerKernel;
 use crate::error::ModelError;
 use crate::ffi::{EmbdBatch, GgmlError, LlamaContext, LlamaModel, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
 use crate::model::config::{parse_json, Dialect, GenerationConfig, ModelType, TtsConfig};
+use crate::qwen3::LayerKernel;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::text::Tokenizer;
 
@@ -260,12 +260,17 @@ pub enum Runtime {
 }
 
 impl Runtime {
-    /// The fastest on this CPU: the own graph with the packed q4_K kernel where the CPU has
-    /// AVX-512 VNNI, else llama.cpp.
+    /// The fastest the process's kernel tier runs ([`Runtime::fastest_for`]).
     pub fn fastest() -> Self {
-        match LayerKernel::fastest() {
-            LayerKernel::Ggml => Runtime::LlamaCpp,
-            k => Runtime::Graph(k),
+        Self::fastest_for(crate::kernels::active())
+    }
+
+    /// The fastest `tier` runs: the own graph with the packed kernels where the tier has them,
+    /// else llama.cpp.
+    pub fn fastest_for(tier: crate::kernels::Tier) -> Self {
+        match LayerKernel::fastest_for(tier) {
+            LayerKernel::Packed => Runtime::Graph(LayerKernel::Packed),
+            _ => Runtime::LlamaCpp,
         }
     }
 }

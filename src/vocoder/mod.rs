@@ -24,17 +24,16 @@
 //! - [`Vocoder::decode_frames`] blocks the calling thread for the compute, on the caller's
 //!   threadpool, and writes into the caller's buffer.
 //! - Convs are im2col columns times the kernel matrix; depthwise convs and the trimmed transposed
-//!   convs are sums of shifted rows; SnakeBeta is one fused pass (`snake.rs`). Intermediate
+//!   convs are sums of shifted rows; SnakeBeta is one fused pass ([`crate::kernels::snake`]). Intermediate
 //!   tensors share one buffer sized to the graph's peak (ggml's graph allocator).
 //! - Speed: PERFORMANCE.md (about 5 GFLOP per frame; not yet real time on 2 AVX2 cores).
-
-pub mod snake;
 
 use std::collections::BTreeMap;
 
 use crate::error::ModelError;
 use crate::ffi::{Context, GgmlError, Node, OwnedGraph, Tensor, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
+use crate::kernels::bf16;
 use crate::model::config::{parse_json, Preset, SpeechTokenizerConfig};
 use crate::model::convert::KEY_HF_SPEECH_TOKENIZER;
 
@@ -58,9 +57,10 @@ pub enum Products {
     Ggml,
     /// [`Context::conv_gemm`] on f32 matrices (f16 files widened): exact, the default.
     HostF32,
-    /// [`Context::conv_gemm`] on bf16 matrices, on AMX tiles, where the shapes allow
-    /// ([`crate::ffi::amx::fits`]), f32 elsewhere: not exact (bf16 keeps 8 significant bits, see
-    /// PERFORMANCE.md), half the memory. Only where [`crate::ffi::amx::available`].
+    /// [`Context::conv_gemm`] on bf16 matrices, on AMX tiles or with AVX-512 BF16 dot products,
+    /// where the shapes allow ([`crate::kernels::bf16::fits`]), f32 elsewhere: not exact (bf16
+    /// keeps 8 significant bits, see PERFORMANCE.md), half the memory. Only where the process's
+    /// kernel tier has a [`crate::kernels::bf16::Kernel`].
     HostBf16,
 }
 
@@ -254,6 +254,8 @@ pub struct Vocoder {
     fused_snake: bool,
     /// Products by [`Context::conv_gemm`] where the weights allow (see [`Vocoder::load_options`]).
     host: bool,
+    /// The kernel of the bf16 products, when the matrices are bf16.
+    bf16: Option<bf16::Kernel>,
     /// Scratch of a chunk's inputs (reused).
     scratch_i32: Vec<i32>,
     scratch_f32: Vec<f32>,
@@ -283,7 +285,7 @@ struct Loader<'f> {
     /// Store the matrices of the host products (see [`Loader::conv`] and [`Loader::transposed`])
     /// as f32, convs in tap-major order.
     host: bool,
-    /// With `host`: store them as bf16 tiles ([`crate::ffi::amx::pack`]) where they fit.
+    /// With `host`: store them as bf16 tiles ([`crate::kernels::bf16::pack`]) where they fit.
     bf16: bool,
     /// The tensor the previous [`Loader::source`] call read: each loading function reads one, so
     /// its pages are released (see [`GgufFile::release`]) when the next is read, and the file is
@@ -331,13 +333,13 @@ impl Loader<'_> {
         n: usize,
         taps: usize,
     ) -> Result<(), ModelError> {
-        if self.bf16 && crate::ffi::amx::fits(k / taps, n) {
-            if let Some(p) = crate::ffi::amx::pack(v, k, n) {
+        if self.bf16 && bf16::fits(k / taps, n) {
+            if let Some(p) = bf16::pack(v, k, n) {
                 let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
-                // Tile rows on cache lines (see `amx::LINE`).
+                // Tile rows on cache lines (see `bf16::LINE`).
                 let t = self
                     .w
-                    .new_tensor_aligned(GgmlType::BF16, &[k, n], crate::ffi::amx::LINE)
+                    .new_tensor_aligned(GgmlType::BF16, &[k, n], bf16::LINE)
                     .map_err(ModelError::from)?;
                 t.write_bytes(&bytes).map_err(ModelError::from)?;
                 t.set_name(name);
@@ -506,20 +508,47 @@ impl Vocoder {
     /// faster than ggml's f32 products here, see PERFORMANCE.md). `products` is ignored where
     /// `matrices` converts a matrix.
     ///
-    /// [`Products::HostBf16`] on a CPU or OS without AMX-BF16 is [`ModelError::Unsupported`].
+    /// [`Products::HostBf16`] on a kernel tier without a bf16 kernel (AMX-BF16 or AVX-512 BF16)
+    /// is [`ModelError::Unsupported`].
     pub fn load_options(
         f: &GgufFile,
         matrices: Option<GgmlType>,
         products: Products,
     ) -> Result<Self, ModelError> {
+        let tier = crate::kernels::selected()?;
+        Self::load_by(f, matrices, products, bf16::Kernel::active(), tier)
+    }
+
+    /// The decoder with bf16 products ([`Products::HostBf16`]) by `kernel` rather than the
+    /// process's tier's: the tests' and benches' way to compare the bf16 kernels in one process.
+    /// A kernel this CPU lacks is [`ModelError::Unsupported`].
+    pub fn load_bf16(f: &GgufFile, kernel: bf16::Kernel) -> Result<Self, ModelError> {
+        let tier = crate::kernels::selected()?;
+        let kernel = Some(kernel).filter(|k| k.available());
+        Self::load_by(f, None, Products::HostBf16, kernel, tier)
+    }
+
+    /// [`Vocoder::load_options`] with the bf16 products by `kernel` (`None`: this CPU or tier has
+    /// none).
+    fn load_by(
+        f: &GgufFile,
+        matrices: Option<GgmlType>,
+        products: Products,
+        kernel: Option<bf16::Kernel>,
+        tier: crate::kernels::Tier,
+    ) -> Result<Self, ModelError> {
         crate::model::validate::check_mmproj(f.path(), &f.header)?;
-        if products == Products::HostBf16 && !crate::ffi::amx::available() {
+        if products == Products::HostBf16 && kernel.is_none() {
             return Err(ModelError::Unsupported {
                 what: "bf16 decoder products".into(),
-                expected: "a CPU with AMX-BF16 (Intel Sapphire Rapids or later) and Linux 5.16 \
-                           or later; elsewhere use the f32 products (the default)"
+                expected: "a kernel tier with AMX-BF16 (Intel Sapphire Rapids or later, Linux \
+                           5.16 or later) or AVX-512 BF16 (AMD Zen 4 or later, Intel Cooper Lake \
+                           or later); elsewhere use the f32 products"
                     .into(),
-                found: "no AMX-BF16 tiles available to this process".into(),
+                found: format!(
+                    "kernel tier {tier}, CPU features {}",
+                    crate::kernels::Features::get().names().join(" ")
+                ),
             });
         }
         let host = products != Products::Ggml && matrices.is_none();
@@ -694,6 +723,7 @@ impl Vocoder {
             capture: None,
             fused_snake: true,
             host,
+            bf16: kernel.filter(|_| products == Products::HostBf16),
             scratch_i32: Vec::new(),
             scratch_f32: Vec::new(),
             state,
@@ -702,6 +732,11 @@ impl Vocoder {
         v.set_max_chunk(4);
         v.ensure_graph(1).map_err(ModelError::from)?;
         Ok(v)
+    }
+
+    /// The kernel of the bf16 products, when the matrices are bf16 ([`Products::HostBf16`]).
+    pub fn bf16_kernel(&self) -> Option<bf16::Kernel> {
+        self.bf16
     }
 
     /// The geometry.
@@ -761,7 +796,7 @@ impl Vocoder {
         self.capture = on.then(BTreeMap::new);
     }
 
-    /// SnakeBeta as one fused pass (`snake::row`, the default) or, with `false`, as the five
+    /// SnakeBeta as one fused pass ([`crate::kernels::snake::row`], the default) or, with `false`, as the five
     /// ggml ops it replaced (mul, sin, sqr, mul, add): the in-run baseline of the benches.
     pub fn set_fused_snake(&mut self, on: bool) {
         if on != self.fused_snake {
@@ -789,6 +824,7 @@ impl Vocoder {
                 keep,
                 self.fused_snake,
                 self.host,
+                self.bf16,
             )?;
             self.graphs[n - 1] = Some(g);
         }
@@ -926,6 +962,8 @@ struct Builder<'a> {
     writes: Vec<Tensor<'a>>,
     fused_snake: bool,
     host: bool,
+    /// The kernel of the bf16 products ([`Vocoder::bf16_kernel`]).
+    bf16: Option<bf16::Kernel>,
 }
 
 impl<'a> Builder<'a> {
@@ -998,7 +1036,7 @@ impl<'a> Builder<'a> {
         let bias = self.wt(&format!("{name}.bias"))?;
         if self.w.get(&format!("{name}.weight.kshape")).is_none() {
             // Stored for the host product (see `Loader::conv`).
-            return c.conv_gemm_then(w, xp, k, d, Some(bias), residual);
+            return c.conv_gemm_by(self.bf16, w, xp, k, d, Some(bias), residual);
         }
         let y = if context {
             let shape = self.wt(&format!("{name}.weight.kshape"))?;
@@ -1034,12 +1072,12 @@ impl<'a> Builder<'a> {
         let h = self.st(hist)?;
         let alpha = self.wt(&format!("{name}.alpha"))?;
         let inv_beta = self.wt(&format!("{name}.beta"))?;
-        let xp = c.rows3_after(h, x, alpha, inv_beta, snake::row)?;
+        let xp = c.rows3_after(h, x, alpha, inv_beta, crate::kernels::snake::row)?;
         self.keep_context(xp, h)
     }
 
     /// SnakeBeta `name`: `x + β⁻¹ · sin²(α · x)` (α and β⁻¹ stored as such), in one new buffer.
-    /// One fused pass (`snake::row`).
+    /// One fused pass (`crate::kernels::snake::row`).
     fn snake(&self, x: Tensor<'a>, name: &str) -> Result<Tensor<'a>, GgmlError> {
         let c = self.c;
         let alpha = self.wt(&format!("{name}.alpha"))?;
@@ -1050,7 +1088,7 @@ impl<'a> Builder<'a> {
             let y = c.mul_inplace(sin2, inv_beta)?;
             return c.add_inplace(y, x);
         }
-        c.rows3(x, alpha, inv_beta, snake::row)
+        c.rows3(x, alpha, inv_beta, crate::kernels::snake::row)
     }
 
     /// `mul_mat(w, x)`: by [`Context::conv_gemm`] for bf16 weights (packed at load), and for f32
@@ -1067,7 +1105,7 @@ impl<'a> Builder<'a> {
         if w.is_type(GgmlType::BF16)
             || (self.host && w.is_type(GgmlType::F32) && x.ne()[1] >= HOST_MIN_ROWS)
         {
-            return self.c.conv_gemm_then(w, x, 1, 1, bias, residual);
+            return self.c.conv_gemm_by(self.bf16, w, x, 1, 1, bias, residual);
         }
         self.ggml_then(self.c.mul_mat(w, x)?, bias, residual)
     }
@@ -1110,7 +1148,7 @@ impl<'a> Builder<'a> {
         bias: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
         if w.is_type(GgmlType::BF16) {
-            return self.c.conv_gemm_then(w, x, 1, 1, bias, None);
+            return self.c.conv_gemm_by(self.bf16, w, x, 1, 1, bias, None);
         }
         self.ggml_then(self.c.mul_mat(w, x)?, bias, None)
     }
@@ -1134,6 +1172,7 @@ impl<'a> Builder<'a> {
 /// `in.codes_rest` (`15n` row indices into the stacked codebooks 1..15, frame-major), `in.pos`
 /// (the frames' positions) and `in.mask` (`[window − 1 + n, n]` attention mask); output `out.wav`
 /// (`n · samples_per_frame` samples), stages `stage.*`; the state is written back last.
+#[allow(clippy::too_many_arguments)]
 fn build_chunk(
     w: &Context,
     s: &Context,
@@ -1142,6 +1181,7 @@ fn build_chunk(
     keep_stages: bool,
     fused_snake: bool,
     host: bool,
+    bf16: Option<bf16::Kernel>,
 ) -> Result<OwnedGraph, GgmlError> {
     // SAFETY: the graph reads the weights of `w` and reads and writes the state of `s`, which
     // `Vocoder` owns, never resets (reset only writes values) and drops after its graphs.
@@ -1155,6 +1195,7 @@ fn build_chunk(
                     writes: Vec::new(),
                     fused_snake,
                     host,
+                    bf16,
                 },
                 g,
                 n,

@@ -10,12 +10,20 @@
 //! residual stream; the caller owns the weights, the KV cache and the positions. A cached layer
 //! writes its keys and values into the caller's cache (the returned `writes` must be computed
 //! before the nodes that read them, so the caller lists them first among the graph's outputs).
-//! Under the packed kernel, one row at a position fixed in the graph over f32 caches (the code
-//! predictor's sub-steps) attends in one custom node instead, [`attend`], which writes the cache
-//! itself; the products by Rust kernels fold the input's norm and the residual add into their
-//! own nodes.
+//! Under the crate's kernels ([`LayerKernel::Scalar`], [`LayerKernel::Packed`]), one row at a
+//! position fixed in the graph over f32 caches (the code predictor's sub-steps) attends in one
+//! custom node instead, [`attend`], which writes the cache itself; the products by Rust kernels
+//! fold the input's norm and the residual add into their own nodes. The products are the
+//! crate's modules' ([`products`]).
 
-use crate::code_predictor::{product_by, rust_kernel, LayerKernel};
+mod products;
+
+pub use products::LayerKernel;
+pub(crate) use products::{
+    layer_product, packed_type, repack, write_layer_joined, write_product_weight, JOINED,
+};
+use products::{product_by, rust_kernel};
+
 use crate::ffi::{AttendOne, Context, GgmlError, Tensor};
 use crate::gguf::GgmlType;
 
@@ -98,7 +106,7 @@ pub(crate) enum Kv<'a> {
 /// Appends one layer to a graph: `x` is the residual stream (`[n_embd, rows]`), `pos` the rows'
 /// positions (i32), `mask` the causal mask when `rows > 1` (`[n_kv, rows]`), `w(name)` the layer's
 /// tensor of that name (the joined `attn_qkv.weight` and `ffn_gate_up.weight` of
-/// `code_predictor::JOINED` where they exist, else their parts). Returns the new residual
+/// [`JOINED`] where they exist, else their parts). Returns the new residual
 /// stream; cache writes are pushed to `writes` (none when a single row attends in one node,
 /// [`attend`], which writes the cache itself).
 #[allow(clippy::too_many_arguments)]
@@ -117,13 +125,25 @@ pub(crate) fn layer<'a>(
     let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
     let rows = x.ne()[1];
     let h = Normed::new(c, x, w(names.attn_norm)?, d.eps);
-    if let (Ok(qkv), Kv::Cache { k: ck, v: cv, p0 }, 1, LayerKernel::Packed) =
-        (w("attn_qkv.weight"), kv, rows, kernel)
-    {
+    // The crate's kernels multiply the layer's q (or joined qkv) matrix: f32 layers (the exact
+    // path) stay with ggml's products and attention.
+    let own = w("attn_qkv.weight")
+        .or_else(|_| w("attn_q.weight"))
+        .is_ok_and(|m| rust_kernel(kernel, m).is_some());
+    if let (Kv::Cache { k: ck, v: cv, p0 }, 1, true) = (kv, rows, own) {
         let fits = p0 < MAX_ATTEND && hd <= MAX_HEAD_DIM;
         if fits && ck.is_type(GgmlType::F32) && cv.is_type(GgmlType::F32) {
-            // One row through the engine's kernels: its whole attention is one node.
-            let y = h.product(qkv, kernel)?;
+            // One row through the crate's kernels: its whole attention is one node, reading
+            // `[q, k, v]` as one row (the joined matrix's product, or the three joined).
+            let y = match w("attn_qkv.weight") {
+                Ok(qkv) => h.product(qkv, kernel)?,
+                Err(_) => {
+                    let q = h.product(w("attn_q.weight")?, kernel)?;
+                    let k = h.product(w("attn_k.weight")?, kernel)?;
+                    let v = h.product(w("attn_v.weight")?, kernel)?;
+                    c.concat(c.concat(q, k, 0)?, v, 0)?
+                }
+            };
             let norms = [w("attn_q_norm.weight")?, w("attn_k_norm.weight")?];
             let o = c.attend_one(
                 y,
@@ -139,7 +159,7 @@ pub(crate) fn layer<'a>(
         }
     }
     let (q, k, v) = match w("attn_qkv.weight") {
-        // One product of the joined matrix (`code_predictor::JOINED`), each row `[q, k, v]`.
+        // One product of the joined matrix ([`JOINED`]), each row `[q, k, v]`.
         Ok(qkv) => {
             let y = h.product(qkv, kernel)?;
             let (f, row) = (4, 4 * y.ne()[0]);

@@ -1,0 +1,122 @@
+//! The decoder's products alone, one thread, on the shapes a two-frame decoder call computes
+//! (the residual units' k = 7 convs and 1×1 convs of the four blocks, their transposed convs as
+//! products of `r · c_out` columns, and the small-row products whose weights come once per
+//! call): each bf16 kernel this CPU has (`qtts::kernels::bf16`: AMX tiles, AVX-512 BF16), and in
+//! the same run the f32 path's `matrixmultiply` sgemm on the same shape (one product per tap, as
+//! `ffi::Context::conv_gemm` runs it for dilated convs): the ratio the default decoder gains.
+//!
+//! Run with: `cargo bench --bench bf16`. Criterion prints elements per second: one element is
+//! one floating-point operation (2 per multiply-add), so the rate reads as FLOP/s. The operands
+//! stay in cache between iterations; the packed kernels on cache lines, as the decoder places
+//! them.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use qtts::kernels::bf16::{self, Kernel};
+
+/// `(c_in, taps, dilation, t_out, n)` of one product.
+const SHAPES: [(usize, usize, usize, usize, usize); 13] = [
+    (96, 7, 3, 3840, 96),
+    (192, 7, 3, 1280, 192),
+    (384, 7, 3, 320, 384),
+    (768, 7, 3, 64, 768),
+    (96, 1, 1, 3840, 96),
+    (192, 1, 1, 1280, 192),
+    (384, 1, 1, 320, 384),
+    (768, 1, 1, 64, 768),
+    (192, 1, 1, 1280, 288),
+    (384, 1, 1, 320, 768),
+    (768, 1, 1, 64, 1920),
+    (1536, 1, 1, 8, 6144),
+    (512, 1, 1, 2, 1024),
+];
+
+fn bench(c: &mut Criterion) {
+    let val = |i: usize, s: usize| ((i * s % 1000) as f32 - 500.0) * 1e-3;
+    let kernels: Vec<Kernel> = [Kernel::Amx, Kernel::Avx512]
+        .into_iter()
+        .filter(|k| {
+            if !k.available() {
+                eprintln!("bf16: kernel {k:?} skipped, this CPU lacks its instructions");
+            }
+            k.available()
+        })
+        .collect();
+    for (c_in, taps, dilation, t_out, n) in SHAPES {
+        let k = taps * c_in;
+        let w: Vec<f32> = (0..k * n).map(|i| val(i, 7919)).collect();
+        let packed = bf16::pack(&w, k, n).expect("the shapes fit the packing");
+        let mut buf = vec![0u16; packed.len() + bf16::LINE];
+        let line = (buf.as_ptr() as usize).next_multiple_of(bf16::LINE) - buf.as_ptr() as usize;
+        buf[line / 2..line / 2 + packed.len()].copy_from_slice(&packed);
+        let wp = buf[line / 2..].as_ptr();
+        let rows = t_out + (taps - 1) * dilation;
+        let x: Vec<f32> = (0..rows * c_in).map(|i| val(i, 104729)).collect();
+        let mut y = vec![0f32; t_out * n];
+        let s = bf16::Conv {
+            c_in,
+            taps,
+            dilation,
+            t_out,
+            n,
+        };
+        let blocks = bf16::blocks(t_out, n);
+        let mut g = c.benchmark_group(format!(
+            "decoder product c_in {c_in}, taps {taps}, rows {t_out}, columns {n}"
+        ));
+        g.throughput(Throughput::Elements((2 * k * t_out * n) as u64));
+        g.sample_size(20);
+        for &kernel in &kernels {
+            g.bench_function(format!("bf16 {kernel:?}"), |b| {
+                b.iter(|| {
+                    // SAFETY: the kernel is available (filtered above); the shape fits; `wp`
+                    // holds the packed kernel, `x` the input rows, `y` room for the output.
+                    unsafe {
+                        bf16::conv(
+                            kernel,
+                            wp,
+                            x.as_ptr(),
+                            y.as_mut_ptr(),
+                            s,
+                            (0, blocks),
+                            |_, _| {},
+                        )
+                    };
+                    std::hint::black_box(&y);
+                })
+            });
+        }
+        g.bench_function("f32 sgemm (matrixmultiply)", |b| {
+            let per_tap = if dilation == 1 { taps } else { 1 };
+            b.iter(|| {
+                for j in (0..taps).step_by(per_tap) {
+                    // SAFETY: row t of the product reads input rows t + j · dilation onwards,
+                    // `per_tap · c_in` values, all inside `x`; `w` is `[k, n]` column-major
+                    // with columns k apart; `y` holds t_out rows of n.
+                    unsafe {
+                        matrixmultiply::sgemm(
+                            t_out,
+                            per_tap * c_in,
+                            n,
+                            1.0,
+                            x.as_ptr().add(j * dilation * c_in),
+                            c_in as isize,
+                            1,
+                            w.as_ptr().add(j * c_in),
+                            1,
+                            k as isize,
+                            if j == 0 { 0.0 } else { 1.0 },
+                            y.as_mut_ptr(),
+                            n as isize,
+                            1,
+                        )
+                    };
+                }
+                std::hint::black_box(&y);
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
