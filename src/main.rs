@@ -445,6 +445,36 @@ fn progress_printer(label: &'static str) -> impl FnMut(u64, u64) {
     }
 }
 
+/// `qtts speak` through the default audio device.
+#[cfg(feature = "playback")]
+fn speak(args: &SpeakArgs, prebuffer_ms: f64, ring_ms: f64) -> anyhow::Result<()> {
+    let mut engine = engine_for(args)?;
+    let (ring, player) = qtts::audio::ring(ring_ms, prebuffer_ms);
+    let out = qtts::audio::cpal_out::CpalOutput::open(player)?;
+    eprintln!("qtts: playing on {}", out.description);
+    let shared = out.shared();
+    run_all(args, &mut engine, Box::new(ring), "spoke")?;
+    let underruns = shared.underruns();
+    if underruns > 0 {
+        let first: Vec<u64> = shared.underrun_periods().into_iter().take(8).collect();
+        eprintln!(
+            "qtts: {underruns} underruns of {} device periods (first at periods {first:?}); \
+             a larger --prebuffer-ms helps when generation is slower than real time",
+            shared.periods()
+        );
+    }
+    Ok(())
+}
+
+/// `qtts speak` in a build without playback: what to do instead.
+#[cfg(not(feature = "playback"))]
+fn speak(_: &SpeakArgs, _: f64, _: f64) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "this qtts was built without playback (`--no-default-features`): write a file with \
+         `speak --out file.wav` or `synth`, or rebuild with the default features"
+    )
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // Fixed before anything loads: a tier the CPU lacks (or a misspelt `QTTS_KERNELS`) is an
@@ -466,23 +496,7 @@ fn main() -> anyhow::Result<()> {
             prebuffer_ms,
             ring_ms,
             out: None,
-        } => {
-            let mut engine = engine_for(&args)?;
-            let (ring, player) = qtts::audio::ring(ring_ms, prebuffer_ms);
-            let out = qtts::audio::cpal_out::CpalOutput::open(player)?;
-            eprintln!("qtts: playing on {}", out.description);
-            let shared = out.shared();
-            run_all(&args, &mut engine, Box::new(ring), "spoke")?;
-            let underruns = shared.underruns();
-            if underruns > 0 {
-                let first: Vec<u64> = shared.underrun_periods().into_iter().take(8).collect();
-                eprintln!(
-                    "qtts: {underruns} underruns of {} device periods (first at periods {first:?}); \
-                     a larger --prebuffer-ms helps when generation is slower than real time",
-                    shared.periods()
-                );
-            }
-        }
+        } => speak(&args, prebuffer_ms, ring_ms)?,
         Command::Synth {
             args,
             out,

@@ -33,6 +33,18 @@ fn read_wav(p: &Path) -> Vec<f32> {
 
 #[test]
 fn synth_token_ids_reproduces_the_oracle() {
+    synth_reproduces_the_oracle(None);
+}
+
+/// `--exact` synthesis under every kernel tier this CPU runs (`--kernels`), the others reported
+/// as skipped by name: the oracle's codes exactly and its waveforms within 1e-4 (the exact path
+/// runs the tier's heads, SnakeBeta and attention kernels with ggml's f32 products).
+#[test]
+fn exact_synthesis_reproduces_the_oracle_under_every_kernel_tier() {
+    qtts::kernels::for_each_tier(|tier| synth_reproduces_the_oracle(Some(tier)));
+}
+
+fn synth_reproduces_the_oracle(tier: Option<qtts::kernels::Tier>) {
     for name in ["tiny", "tiny17"] {
         let (tmp, out) = common::convert_tiny(name, OutType::F32);
         let dir = out.talker.parent().unwrap().to_str().unwrap().to_owned();
@@ -75,16 +87,55 @@ fn synth_token_ids_reproduces_the_oracle() {
             if mode == "non-streaming" {
                 args.extend(["--cores", "2", "--cp-on-every-core"]);
             }
+            if let Some(t) = tier {
+                args.extend(["--kernels", t.name()]);
+            }
             let r = qtts(&args, tmp.path());
-            assert!(r.status.success(), "{name} {run}: {}", stderr(&r));
+            assert!(r.status.success(), "{name} {run} {tier:?}: {}", stderr(&r));
             let got: Vec<Vec<u32>> =
                 serde_json::from_str(&std::fs::read_to_string(&codes).unwrap()).unwrap();
             let got: Vec<f32> = got.iter().flatten().map(|&c| c as f32).collect();
-            assert_eq!(got, o["codes"], "{name} {run}");
+            assert_eq!(got, o["codes"], "{name} {run} {tier:?}");
             let e = max_abs(&read_wav(&wav), &o["wav"]);
-            assert!(e < 1e-4, "{name} {run}: wav off by {e}");
+            assert!(e < 1e-4, "{name} {run} {tier:?}: wav off by {e}");
         }
     }
+}
+
+/// A misspelt `QTTS_KERNELS`, or a tier this CPU lacks, is refused before anything loads, with
+/// the tiers that do run here; never a silent fallback.
+#[test]
+fn kernel_tiers_the_cpu_lacks_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wav = tmp.path().join("x.wav");
+    let args = ["synth", "Hello.", "--out", wav.to_str().unwrap()];
+    let r = Command::new(env!("CARGO_BIN_EXE_qtts"))
+        .args(args)
+        .env("HOME", tmp.path())
+        .env("QTTS_KERNELS", "avx9")
+        .output()
+        .unwrap();
+    assert!(!r.status.success());
+    assert!(
+        stderr(&r).contains("unknown kernel tier \"avx9\""),
+        "{}",
+        stderr(&r)
+    );
+    let missing = qtts::kernels::Tier::ALL
+        .into_iter()
+        .find(|t| !t.available())
+        .expect("no CPU runs both x86 and aarch64 tiers");
+    let mut with = vec!["--kernels", missing.name()];
+    with.extend(args);
+    let r = qtts(&with, tmp.path());
+    assert!(!r.status.success());
+    let err = stderr(&r);
+    assert!(
+        err.contains(&format!("kernel tier {missing} needs")),
+        "{err}"
+    );
+    assert!(err.contains("available here: scalar"), "{err}");
+    assert!(!wav.exists());
 }
 
 #[test]
@@ -132,6 +183,7 @@ fn synth_reads_standard_input_line_by_line() {
     );
 }
 
+#[cfg(feature = "playback")]
 #[test]
 fn speak_plays_through_alsa_null_device() {
     let tmp = tempfile::tempdir().unwrap();
@@ -148,6 +200,19 @@ fn speak_plays_through_alsa_null_device() {
     assert!(!err.contains("ALSA lib"), "{err}");
 }
 
+/// A build without playback says so, and what to do instead.
+#[cfg(not(feature = "playback"))]
+#[test]
+fn speak_without_playback_says_to_write_a_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = qtts(&["speak", "Hello."], tmp.path());
+    let err = stderr(&r);
+    assert!(!r.status.success());
+    assert!(err.contains("built without playback"), "{err}");
+    assert!(err.contains("--out file.wav"), "{err}");
+}
+
+#[cfg(feature = "playback")]
 #[test]
 fn no_sound_card_gets_a_clear_message() {
     let cards = std::fs::read_to_string("/proc/asound/cards").unwrap_or_default();

@@ -20,6 +20,7 @@
 //!   (the first [`UNDERRUN_LOG`]).
 //! - Cancelling flushes the ring: the next device period is silent.
 
+#[cfg(feature = "playback")]
 pub mod cpal_out;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};

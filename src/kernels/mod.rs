@@ -132,6 +132,21 @@ impl Tier {
         Tier::ALL.into_iter().filter(|t| t.available()).collect()
     }
 
+    /// The tier's features ([`Tier::caps`]), then the same without each optional feature a
+    /// family dispatches on within the tier (NEON's dot products, which a Cortex-A72 lacks):
+    /// every kernel variant a CPU of this tier may run, for the tests.
+    pub fn variants(self) -> Vec<Features> {
+        let caps = self.caps();
+        let mut v = vec![caps];
+        if caps.dotprod {
+            v.push(Features {
+                dotprod: false,
+                ..caps
+            });
+        }
+        v
+    }
+
     /// This CPU's features that the tier allows (none of another architecture's, none of a
     /// higher tier's).
     pub fn caps(self) -> Features {

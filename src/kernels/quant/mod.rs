@@ -134,11 +134,14 @@ pub fn packed_kernel(ty: QType, caps: Features) -> Option<MatKernel> {
     }
     #[cfg(target_arch = "aarch64")]
     if caps.neon {
-        use super::aarch64::neon;
-        return Some(match ty {
-            QType::Q8_0 => neon::q8_0_packed,
-            QType::Q4K => neon::q4_k_packed,
-            QType::Q5K => neon::q5_k_packed,
+        use super::aarch64::neon::{dot, plain};
+        return Some(match (ty, caps.dotprod) {
+            (QType::Q8_0, true) => dot::q8_0_packed,
+            (QType::Q4K, true) => dot::q4_k_packed,
+            (QType::Q5K, true) => dot::q5_k_packed,
+            (QType::Q8_0, false) => plain::q8_0_packed,
+            (QType::Q4K, false) => plain::q4_k_packed,
+            (QType::Q5K, false) => plain::q5_k_packed,
         });
     }
     let _ = (ty, caps);
@@ -454,10 +457,20 @@ pub(crate) mod testing {
     pub fn check_packed_equals_scalar(ty: QType) {
         let mut ran = 0;
         for_each_tier(|tier: Tier| {
-            let Some(kernel) = super::packed_kernel(ty, tier.caps()) else {
-                return;
-            };
-            ran += 1;
+            for caps in tier.variants() {
+                let Some(kernel) = super::packed_kernel(ty, caps) else {
+                    continue;
+                };
+                ran += 1;
+                check_kernel(ty, tier, kernel);
+            }
+        });
+        eprintln!("{ty:?}: {ran} packed kernels checked against the scalar one");
+    }
+
+    /// [`check_packed_equals_scalar`] for one kernel.
+    fn check_kernel(ty: QType, tier: Tier, kernel: MatKernel) {
+        {
             for (seed, &(n, k, m)) in SHAPES.iter().enumerate() {
                 let (q, _, x) = case(ty, n, k, m, 40 + seed as u64);
                 let want = run(super::rows_kernel(ty), &q, n, k, &x, m);
@@ -472,8 +485,7 @@ pub(crate) mod testing {
                     );
                 }
             }
-        });
-        eprintln!("{ty:?}: {ran} packed kernels checked against the scalar one");
+        }
     }
 }
 
@@ -548,8 +560,11 @@ mod tests {
     #[test]
     fn packed_kernels_match_the_dequantized_rows() {
         crate::kernels::for_each_tier(|tier| {
-            for ty in QType::ALL {
-                let Some(kernel) = packed_kernel(ty, tier.caps()) else {
+            for (ty, caps) in QType::ALL
+                .into_iter()
+                .flat_map(|ty| tier.variants().into_iter().map(move |c| (ty, c)))
+            {
+                let Some(kernel) = packed_kernel(ty, caps) else {
                     continue;
                 };
                 for (seed, &(n, k, m)) in SHAPES.iter().enumerate() {
