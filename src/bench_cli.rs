@@ -34,9 +34,8 @@ pub struct BenchArgs {
         default_value = "q4_k,q8_0,f16"
     )]
     pub types: Vec<OutType>,
-    /// Decoder matrices, comma-separated: auto (bf16 where the kernel tier has AMX or AVX-512
-    /// BF16, else f32), f32 (exact), bf16, q8_0; each is measured with each type, interleaved in
-    /// every round.
+    /// Decoder matrices, comma-separated: auto (the engine's default for each tier), f32
+    /// (exact), bf16, q8_0; each is measured with each type, interleaved in every round.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     pub decoder: Vec<DecoderArg>,
     /// Frames per measured request (80 ms each): 750 is the 60 s utterance.
@@ -87,7 +86,8 @@ pub struct BenchArgs {
 /// The decoder's matrices on the command line (the engine's `DecoderWeights`, or auto).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DecoderArg {
-    /// bf16 where the kernel tier has AMX or AVX-512 BF16, else f32.
+    /// bf16 where the kernel tier has AMX, or AVX-512 BF16 on AMD (where it outruns f32), else
+    /// f32.
     Auto,
     /// 32-bit floats, products on the host: exact.
     F32,

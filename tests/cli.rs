@@ -304,7 +304,7 @@ fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
             "--plan",
             "default,cp-shared",
             "--tiers",
-            &format!("{},scalar", qtts::kernels::Tier::best()),
+            &format!("{},scalar", qtts::kernels::active()),
             "--frames",
             "6",
             "--runs",
@@ -337,8 +337,9 @@ fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
         !table.contains("reference"),
         "no reference without --python: {table}"
     );
-    // Each configuration under each tier, in its own child process: a lower tier is named.
-    let best = qtts::kernels::Tier::best();
+    // Each configuration under each tier, in its own child process: a tier other than the
+    // process's (`QTTS_KERNELS`, else the CPU's best) is named.
+    let best = qtts::kernels::active();
     if best != qtts::kernels::Tier::Scalar {
         assert!(
             table

@@ -120,7 +120,7 @@ impl Profile {
 }
 
 /// The names of the weights [`layer_product`] may multiply by, for `n_layer` layers (the
-/// [`JOINED`] matrices and their parts: a context holds one or the other).
+/// `JOINED` (`qwen3::products`) matrices and their parts: a context holds one or the other).
 fn product_names(n_layer: usize) -> Vec<String> {
     let mut names = vec!["a.gen.code.proj_in.weight".to_string()];
     for l in 0..n_layer {
@@ -211,7 +211,7 @@ impl CodePredictor {
     }
 
     /// As [`CodePredictor::load`], with `join` false: each layer matrix multiplied on its own
-    /// instead of the [`JOINED`] groups as one (the same values, more graph nodes; the baseline
+    /// instead of the `JOINED` (`qwen3::products`) groups as one (the same values, more graph nodes; the baseline
     /// the joined products are tested against).
     pub fn load_joining(f: &GgufFile, join: bool) -> Result<Self, ModelError> {
         let started = std::time::Instant::now();
@@ -315,7 +315,7 @@ impl CodePredictor {
         Ok(())
     }
 
-    /// How many [`JOINED`] matrices the layers hold (two a layer when the file's types allow).
+    /// How many `JOINED` (`qwen3::products`) matrices the layers hold (two a layer when the file's types allow).
     pub fn joined(&self) -> usize {
         (0..self.geometry.n_layer)
             .flat_map(|l| JOINED.map(|(n, _)| format!("a.gen.code.blk.{l}.{n}")))

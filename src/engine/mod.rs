@@ -259,15 +259,17 @@ pub enum DecoderWeights {
 }
 
 impl DecoderWeights {
-    /// bf16 where the process's kernel tier has a bf16 kernel ([`crate::kernels::bf16::Kernel`]),
-    /// else f32.
+    /// [`DecoderWeights::fastest_for`] the process's kernel tier.
     pub fn fastest() -> Self {
         Self::fastest_for(crate::kernels::active())
     }
 
-    /// bf16 where `tier` has a bf16 kernel, else f32.
+    /// bf16 where `tier` has a bf16 kernel that is faster than the f32 products (AMX tiles, or
+    /// AVX-512 BF16 where `vdpbf16ps` outruns f32 FMA, [`crate::kernels::Features::bf16_dot_fast`]),
+    /// else f32 (exact).
     pub fn fastest_for(tier: crate::kernels::Tier) -> Self {
-        if crate::kernels::bf16::Kernel::for_caps(tier.caps()).is_some() {
+        let caps = tier.caps();
+        if caps.amx_bf16 || (caps.avx512_bf16 && caps.bf16_dot_fast) {
             DecoderWeights::Bf16
         } else {
             DecoderWeights::F32

@@ -8,7 +8,7 @@
 //! `(w[kb · 32 + 2p][o], w[kb · 32 + 2p + 1][o])`, one 64-byte row. Tiles are ordered `nb`-major,
 //! so one column block's reduction is contiguous.
 //!
-//! Each call converts its input rows to bf16 once per thread ([`with_rows`]), then computes
+//! Each call converts its input rows to bf16 once per thread ((`with_rows`)), then computes
 //! output blocks of up to 32 rows by 32 columns ([`blocks`]), split over the threads by block.
 //! Each output value sums its reduction in one order that depends on neither the row count nor
 //! the thread count, from its own input row only; the kernels round differently from each other

@@ -157,6 +157,7 @@ impl Tier {
         }
         if self >= Tier::Avx512 && self <= Tier::Amx {
             (c.avx512, c.avx512_vnni, c.avx512_bf16) = (f.avx512, f.avx512_vnni, f.avx512_bf16);
+            c.bf16_dot_fast = f.bf16_dot_fast;
         }
         if self == Tier::Amx {
             c.amx_bf16 = f.amx_bf16;

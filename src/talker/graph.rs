@@ -67,7 +67,7 @@ impl Layers {
     }
 
     /// As [`Layers::load`], with `join` false: each layer matrix multiplied on its own instead
-    /// of the [`JOINED`] groups as one (the baseline the joined products are tested against).
+    /// of the `JOINED` (`qwen3::products`) groups as one (the baseline the joined products are tested against).
     pub fn load_joining(f: &GgufFile, kernel: LayerKernel, join: bool) -> Result<Self, ModelError> {
         let h = &f.header;
         let a = "qwen3tts";
@@ -190,7 +190,7 @@ impl Layers {
         })
     }
 
-    /// How many [`JOINED`] matrices the layers hold (two a layer when the file's types allow).
+    /// How many `JOINED` (`qwen3::products`) matrices the layers hold (two a layer when the file's types allow).
     pub fn joined(&self) -> usize {
         self.weights
             .iter()

@@ -3,7 +3,7 @@
 //!
 //! Each call quantizes its f32 inputs once, per block, to int8 with the scale
 //! `dx = max|x| / 127` (ggml's q8 convention, up to the sign), into a per-thread scratch
-//! ([`with_inputs`]); the weights' integer products with them are exact, and the float steps
+//! (`with_inputs`); the weights' integer products with them are exact, and the float steps
 //! are fixed per type (see [`q8_0`] and [`q4_k`]): the same operations in the same order for
 //! each row on every tier, so every kernel gives its scalar twin's bits.
 //!

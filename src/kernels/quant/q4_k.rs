@@ -9,7 +9,7 @@
 //! then 32 bytes `qh` whose bit `2g` (low nibble) or `2g + 1` (high) of byte `l` is the fifth
 //! bit of those two weights, then the same 128 nibble bytes.
 //!
-//! The input is quantized per 256 values (scale `dx`, [`super::to_i8`]), with each sub-block's
+//! The input is quantized per 256 values (scale `dx`, rounded to nearest, ties to even), with each sub-block's
 //! integer sum `Σ xq`. A row's product is, block after block in order, from `acc = 0`:
 //! - `f = 0`, then for `g` in 0..4: `f = fma(lo_g, sc_2g, f)`, `f = fma(hi_g, sc_2g+1, f)`, where
 //!   `lo_g` and `hi_g` are the exact integer dots of the sub-blocks' weights `q` with `xq`;

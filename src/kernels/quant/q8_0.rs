@@ -1,7 +1,7 @@
 //! q8_0 rows: the arithmetic every q8_0 kernel follows, the scalar twin, and the packed layout.
 //!
 //! A q8_0 block (ggml's `block_q8_0`, 34 bytes) holds 32 weights: an f16 scale `d` and 32 int8
-//! `q`, weight `d · q`. The input is quantized per 32 values (scale `dx`, [`super::to_i8`]).
+//! `q`, weight `d · q`. The input is quantized per 32 values (scale `dx`, rounded to nearest, ties to even).
 //! A row's product is, block after block in order:
 //! `acc = fma(s_b, d_b · dx_b, acc)` from `acc = 0`, where `s_b = Σ q · xq` is the block's exact
 //! integer dot product (at most 32 · 128 · 127 in magnitude, exact in f32) and `d_b · dx_b` one
