@@ -35,7 +35,7 @@ impl LayerKernel {
     /// everywhere).
     pub fn check_available(self) -> Result<(), ModelError> {
         let tier = crate::kernels::selected()?;
-        if self == LayerKernel::Packed && !Self::packed_available() {
+        if self == LayerKernel::Packed && Self::fastest_for(tier) != LayerKernel::Packed {
             return Err(ModelError::Unsupported {
                 what: "packed q4_K, q5_K and q8_0 products".into(),
                 expected: "a kernel tier with SIMD (avx2, avx512, amx or neon)".into(),
@@ -43,11 +43,6 @@ impl LayerKernel {
             });
         }
         Ok(())
-    }
-
-    /// Whether the process's kernel tier has packed kernels.
-    fn packed_available() -> bool {
-        quant::packed_kernel(QType::Q4K, crate::kernels::caps()).is_some()
     }
 
     /// The fastest the process's kernel tier runs.

@@ -470,20 +470,18 @@ pub(crate) mod testing {
 
     /// [`check_packed_equals_scalar`] for one kernel.
     fn check_kernel(ty: QType, tier: Tier, kernel: MatKernel) {
-        {
-            for (seed, &(n, k, m)) in SHAPES.iter().enumerate() {
-                let (q, _, x) = case(ty, n, k, m, 40 + seed as u64);
-                let want = run(super::rows_kernel(ty), &q, n, k, &x, m);
-                let mut p = q.clone();
-                super::pack(ty, &mut p, n);
-                let got = run(kernel, &p, n, k, &x, m);
-                for (i, (a, b)) in want.iter().zip(&got).enumerate() {
-                    assert_eq!(
-                        a.to_bits(),
-                        b.to_bits(),
-                        "{ty:?} {tier}: {n}x{k}, {m} inputs, output {i}: scalar {a}, packed {b}"
-                    );
-                }
+        for (seed, &(n, k, m)) in SHAPES.iter().enumerate() {
+            let (q, _, x) = case(ty, n, k, m, 40 + seed as u64);
+            let want = run(super::rows_kernel(ty), &q, n, k, &x, m);
+            let mut p = q.clone();
+            super::pack(ty, &mut p, n);
+            let got = run(kernel, &p, n, k, &x, m);
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{ty:?} {tier}: {n}x{k}, {m} inputs, output {i}: scalar {a}, packed {b}"
+                );
             }
         }
     }
