@@ -249,6 +249,38 @@ pub enum ModelError {
     #[error("ggml: {0}")]
     Ggml(#[from] crate::ffi::GgmlError),
 
+    /// The conversion cache's directory cannot be created or written (read-only, or not a
+    /// directory). Set `XDG_CACHE_HOME` to a writable directory, or convert once with
+    /// `qtts convert <checkpoint> <dir>` into a directory of yours and pass that with `--model`.
+    #[error(
+        "{path}: the conversion cache cannot be written ({source}): set XDG_CACHE_HOME to a \
+         writable directory, or run `qtts convert <checkpoint> <dir>` and pass <dir> with --model"
+    )]
+    CacheUnwritable {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A conversion into the cache ran out of space (the disk, a quota or the process's
+    /// file-size limit). Nothing of it was kept: free space (`qtts cache clear` removes older
+    /// conversions) or set `XDG_CACHE_HOME` elsewhere, then retry.
+    #[error(
+        "{path}: {op}: {source}: the disk is full; nothing of the conversion was kept (free \
+         space, e.g. `qtts cache clear`, or set XDG_CACHE_HOME elsewhere, then retry)"
+    )]
+    CacheFull {
+        /// The file being written.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// The requested output or option is not possible (e.g. an unsupported quantization type).
     /// Pick another option.
     #[error("{what}: expected {expected}, found {found}")]

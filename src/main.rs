@@ -92,6 +92,12 @@ enum Command {
     /// One measured run of `qtts bench`, printed as a JSON line (run by `qtts bench`).
     #[command(hide = true)]
     BenchRun(bench_cli::RunArgs),
+    /// Show or remove the checkpoints converted into the cache (`--model <checkpoint>` converts
+    /// once, into `$XDG_CACHE_HOME/qtts/converted`, else `~/.cache/qtts/converted`).
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
+    },
     /// Check GGUF files as the engine does before loading them, and describe them.
     Validate {
         /// GGUF files (talker or mmproj, told apart by their architecture).
@@ -101,6 +107,55 @@ enum Command {
         #[arg(long)]
         llama: bool,
     },
+}
+
+/// `qtts cache` actions.
+#[derive(Subcommand, Debug)]
+enum CacheAction {
+    /// Each conversion: its directory, the checkpoint it came from, its type and size.
+    List,
+    /// Remove every conversion (they are made again on next use).
+    Clear,
+}
+
+/// `qtts cache`.
+fn cache(action: &CacheAction) -> anyhow::Result<()> {
+    use qtts::model::{cache, find};
+    let dir = find::cache_dir();
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    match action {
+        CacheAction::List => {
+            let entries = cache::list(&dir);
+            if entries.is_empty() {
+                println!("no conversions in {}", cache::converted_dir(&dir).display());
+            }
+            let mut total = 0;
+            for e in &entries {
+                total += e.bytes;
+                let source = e
+                    .source
+                    .as_ref()
+                    .map_or("(source unknown)".into(), |p| p.display().to_string());
+                println!(
+                    "{:>9.1} MiB  {:<5}  {}  from {source}",
+                    mib(e.bytes),
+                    e.ty.as_deref().unwrap_or("?"),
+                    e.dir.display()
+                );
+            }
+            if !entries.is_empty() {
+                println!("{:>9.1} MiB in {} conversions", mib(total), entries.len());
+            }
+        }
+        CacheAction::Clear => {
+            let (removed, bytes) = cache::clear(&dir)?;
+            for p in &removed {
+                println!("removed {}", p.display());
+            }
+            println!("{:.1} MiB freed", mib(bytes));
+        }
+    }
+    Ok(())
 }
 
 /// Options shared by `speak` and `synth`.
@@ -172,27 +227,50 @@ struct SpeakArgs {
     decoder: bench_cli::DecoderArg,
 }
 
-/// Finds the model to use and says which.
-fn pick_model(arg: Option<&std::path::Path>) -> anyhow::Result<qtts::model::find::FoundModel> {
+/// Finds the model to use and says which; `exact` takes f32 files only (a checkpoint converted to
+/// f32), and refuses others.
+fn pick_model(
+    arg: Option<&std::path::Path>,
+    exact: bool,
+) -> anyhow::Result<qtts::model::find::FoundModel> {
     use qtts::model::find;
     let cache = find::cache_dir();
     let m = match arg {
-        Some(p) => find::resolve(p, &cache, &mut progress_printer("convert"))
-            .with_context(|| format!("model {}", p.display()))?,
-        None => match find::scan(std::path::Path::new("models"))
-            .into_iter()
-            .next()
-        {
-            Some(m) => m,
-            None => {
-                eprintln!(
-                    "qtts: no model under models/ and none given (--model): using the built-in tiny \
-                     random-weight model. It runs every stage, but its audio is noise, not speech. \
-                     For speech: models/download.sh Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
-                );
-                find::builtin(&cache).context("making the built-in model")?
+        Some(p) => find::resolve(
+            p,
+            &cache,
+            exact,
+            &mut |line| eprintln!("qtts: {line}"),
+            &mut progress_printer("convert"),
+        )
+        .with_context(|| format!("model {}", p.display()))?,
+        None => {
+            let models = find::scan(std::path::Path::new("models"));
+            let usable = models.iter().find_map(|m| {
+                if !exact {
+                    return Some(m.clone());
+                }
+                let dir = m.files.talker.parent()?;
+                find::pair_of_type(dir, "f32").map(find::model_of)
+            });
+            match (usable, models.first()) {
+                (Some(m), _) => m,
+                (None, Some(m)) => anyhow::bail!(
+                    "--exact needs f32 files, and models/ has {} ({}): convert its checkpoint \
+                     with --type f32, or pass the checkpoint with --model (converted to f32 once)",
+                    m.description,
+                    m.files.talker.display()
+                ),
+                (None, None) => {
+                    eprintln!(
+                        "qtts: no model under models/ and none given (--model): using the built-in \
+                         tiny random-weight model. It runs every stage, but its audio is noise, not \
+                         speech. For speech: models/download.sh Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+                    );
+                    find::builtin(&cache).context("making the built-in model")?
+                }
             }
-        },
+        }
     };
     eprintln!(
         "qtts: model {} ({})",
@@ -295,7 +373,7 @@ fn requests(
 
 fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
     use qtts::engine::{Engine, EngineConfig, ThreadPlan};
-    let model = pick_model(args.model.as_deref())?;
+    let model = pick_model(args.model.as_deref(), args.exact)?;
     let config = EngineConfig {
         plan: {
             let n = args.cores.unwrap_or_else(ThreadPlan::available_cores);
@@ -502,6 +580,7 @@ fn main() -> anyhow::Result<()> {
             out,
             sample_format,
         } => synth(&args, &out, sample_format)?,
+        Command::Cache { action } => cache(&action)?,
         Command::Convert {
             hf_dir,
             out_dir,

@@ -46,7 +46,7 @@ use crate::code_predictor::CodePredictor;
 pub use crate::code_predictor::LayerKernel;
 use crate::error::ModelError;
 use crate::ffi::{CoreLoan, GgmlError, Reservation, Threadpool};
-use crate::gguf::GgufFile;
+use crate::gguf::{GgmlType, GgufFile};
 use crate::metrics::{record, Metrics};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::synth::cp_seed;
@@ -64,6 +64,27 @@ pub struct ModelFiles {
     pub talker: PathBuf,
     /// The code predictor and decoder (`mmproj`).
     pub mmproj: PathBuf,
+}
+
+impl ModelFiles {
+    /// Refuses files that cannot give the exact path (`EngineConfig::exact`): every tensor of both
+    /// files must be f32, as `qtts convert --type f32` writes them; quantized or f16 weights
+    /// cannot reproduce the reference within its tolerance.
+    pub fn check_exact(&self) -> Result<(), ModelError> {
+        for path in [&self.talker, &self.mmproj] {
+            let f = GgufFile::open(path)?;
+            if let Some(t) = f.header.tensors.iter().find(|t| t.ty != GgmlType::F32) {
+                return Err(ModelError::Unsupported {
+                    what: format!("exact synthesis with {}", path.display()),
+                    expected: "f32 weights in every tensor (`qtts convert --type f32`, or a \
+                               checkpoint directory, converted to f32 once)"
+                        .into(),
+                    found: format!("{} stored as {:?}", t.name, t.ty),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Where one stage runs.
@@ -819,6 +840,9 @@ impl Engine {
     /// Starts the engine on `files` (see the module docs).
     pub fn load(files: &ModelFiles, config: EngineConfig) -> Result<Self, EngineError> {
         config.plan.check_loans()?;
+        if config.exact {
+            files.check_exact()?;
+        }
         let lends = !(config.plan.talker.borrow.is_empty() && config.plan.cp.borrow.is_empty());
         let loan = lends.then(CoreLoan::new);
         let (job_tx, job_rx) = bounded::<Box<Job>>(1);

@@ -33,6 +33,9 @@ impl Serial {
         config: EngineConfig,
         threads: usize,
     ) -> Result<Self, EngineError> {
+        if config.exact {
+            files.check_exact()?;
+        }
         let mmproj = GgufFile::open(&files.mmproj)?;
         let cp = config.load_code_predictor(&mmproj)?;
         let mut voc = config.decoder.load(&mmproj, config.exact)?;

@@ -554,8 +554,11 @@ pub fn convert(
     let vocab = read_vocab(tokenizer_dir.unwrap_or(dir), &ckpt)?;
     let lay = layout(&ckpt.config, ckpt.specs());
     let req = ty.ggml();
+    // Where the files came from, for the conversion cache's checks (`model::cache`).
+    let id = Value::Str(super::cache::checkpoint_id(dir)?);
     let talker_plan = {
         let mut p = talker_metadata(&ckpt, &vocab, ty)?;
+        p.set(super::cache::KEY_CHECKPOINT_ID, id.clone());
         for t in &lay.talker {
             p.add_tensor(t.name.clone(), t.ne.clone(), t.storage_type(req));
         }
@@ -563,6 +566,7 @@ pub fn convert(
     };
     let mmproj_plan = {
         let mut p = mmproj_metadata(&ckpt, ty)?;
+        p.set(super::cache::KEY_CHECKPOINT_ID, id);
         for t in &lay.mmproj {
             p.add_tensor(t.name.clone(), t.ne.clone(), t.storage_type(req));
         }

@@ -2,7 +2,8 @@
 //!
 //! A model is a directory holding a converted pair `talker-<type>.gguf` + `mmproj-<type>.gguf`
 //! (what `qtts convert` writes), a talker file whose mmproj sits beside it, or an official Hugging
-//! Face checkpoint directory, which is converted once into a cache directory.
+//! Face checkpoint directory, which is converted once into the cache ([`super::cache`], keyed by
+//! the checkpoint's identity).
 //! When nothing is named and `models/` holds nothing usable, the built-in default is a tiny
 //! random-weight CustomVoice model made on the spot (a second, cached): it runs every stage of
 //! the engine, but its audio is noise, and callers must say so.
@@ -32,11 +33,7 @@ const TYPES: [&str; 6] = ["q8_0", "q6_k", "q5_k", "q4_k", "f16", "f32"];
 
 /// The GGUF pair in `dir`, the preferred type first.
 pub fn pair_in(dir: &Path) -> Option<ModelFiles> {
-    TYPES.iter().find_map(|ty| {
-        let talker = dir.join(format!("talker-{ty}.gguf"));
-        let mmproj = dir.join(format!("mmproj-{ty}.gguf"));
-        (talker.is_file() && mmproj.is_file()).then_some(ModelFiles { talker, mmproj })
-    })
+    TYPES.iter().find_map(|ty| pair_of_type(dir, ty))
 }
 
 /// The checkpoint config carried by a talker GGUF, if it has one.
@@ -47,13 +44,7 @@ fn talker_config(talker: &Path) -> Option<TtsConfig> {
 }
 
 fn describe(files: &ModelFiles) -> (String, (u8, u8, usize)) {
-    let ty = files
-        .talker
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .and_then(|s| s.strip_prefix("talker-"))
-        .unwrap_or("?")
-        .to_owned();
+    let ty = type_of(&files.talker).to_owned();
     let ty_rank = TYPES.iter().position(|t| *t == ty).unwrap_or(TYPES.len());
     match talker_config(&files.talker) {
         Some(c) => {
@@ -69,6 +60,16 @@ fn describe(files: &ModelFiles) -> (String, (u8, u8, usize)) {
             )
         }
         None => (format!("unknown model {ty}"), (3, 1, ty_rank)),
+    }
+}
+
+/// `files` as a found model, described by what its talker file carries.
+pub fn model_of(files: ModelFiles) -> FoundModel {
+    let (description, _) = describe(&files);
+    FoundModel {
+        files,
+        description,
+        builtin: false,
     }
 }
 
@@ -107,21 +108,42 @@ pub fn cache_dir() -> PathBuf {
         .join("qtts")
 }
 
+/// The GGUF pair of type `ty` in `dir` (`talker-<ty>.gguf` and `mmproj-<ty>.gguf`).
+pub fn pair_of_type(dir: &Path, ty: &str) -> Option<ModelFiles> {
+    let talker = dir.join(format!("talker-{ty}.gguf"));
+    let mmproj = dir.join(format!("mmproj-{ty}.gguf"));
+    (talker.is_file() && mmproj.is_file()).then_some(ModelFiles { talker, mmproj })
+}
+
+/// The storage type of a talker file by its name (`talker-<type>.gguf`).
+fn type_of(talker: &Path) -> &str {
+    talker
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.strip_prefix("talker-"))
+        .unwrap_or("?")
+}
+
 /// Resolves `path`: a directory with a GGUF pair, a talker GGUF with its mmproj beside it, or a
-/// Hugging Face checkpoint directory (converted to q8_0 under `cache` once; `progress` gets the
-/// bytes done and total).
+/// Hugging Face checkpoint directory, converted once into the cache under `cache`
+/// ([`super::cache::converted`]; q8_0, or f32 when `exact`). With `exact`, only f32 files will
+/// do: a pair of another type is refused (a quantized model cannot be exact), never used
+/// silently. `notice` gets the cache's lines for the user; `progress` a conversion's bytes done
+/// and total.
 pub fn resolve(
     path: &Path,
     cache: &Path,
+    exact: bool,
+    notice: &mut dyn FnMut(&str),
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<FoundModel, ModelError> {
-    let found = |files: ModelFiles| {
-        let (description, _) = describe(&files);
-        FoundModel {
-            files,
-            description,
-            builtin: false,
-        }
+    let found = model_of;
+    let not_exact = |files: &ModelFiles| ModelError::Unsupported {
+        what: format!("--exact with {}", files.talker.display()),
+        expected: "f32 files (talker-f32.gguf and mmproj-f32.gguf: `qtts convert --type f32`), \
+                   or the checkpoint directory itself (converted to f32 once)"
+            .into(),
+        found: format!("{} files", type_of(&files.talker)),
     };
     if path.is_file() {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -129,10 +151,16 @@ pub fn resolve(
             .strip_prefix("talker-")
             .map(|rest| path.with_file_name(format!("mmproj-{rest}")));
         return match mmproj {
-            Some(m) if m.is_file() => Ok(found(ModelFiles {
-                talker: path.to_path_buf(),
-                mmproj: m,
-            })),
+            Some(m) if m.is_file() => {
+                let files = ModelFiles {
+                    talker: path.to_path_buf(),
+                    mmproj: m,
+                };
+                if exact && type_of(&files.talker) != "f32" {
+                    return Err(not_exact(&files));
+                }
+                Ok(found(files))
+            }
             _ => Err(ModelError::Unsupported {
                 what: format!("model file {}", path.display()),
                 expected:
@@ -142,20 +170,20 @@ pub fn resolve(
             }),
         };
     }
+    if exact {
+        if let Some(files) = pair_of_type(path, "f32") {
+            return Ok(found(files));
+        }
+    }
     if let Some(files) = pair_in(path) {
+        if exact {
+            return Err(not_exact(&files));
+        }
         return Ok(found(files));
     }
     if path.join("config.json").is_file() && path.join("model.safetensors").is_file() {
-        let name = path
-            .canonicalize()
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| "checkpoint".into());
-        let out = cache.join("converted").join(format!("{name}-q8_0"));
-        if let Some(files) = pair_in(&out) {
-            return Ok(found(files));
-        }
-        let c = crate::model::convert::convert(path, None, &out, OutType::Q8_0, progress)?;
+        let ty = if exact { OutType::F32 } else { OutType::Q8_0 };
+        let c = super::cache::converted(path, cache, ty, notice, progress)?;
         return Ok(found(ModelFiles {
             talker: c.talker,
             mmproj: c.mmproj,
