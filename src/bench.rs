@@ -10,6 +10,12 @@
 //!
 //! Peak RSS is the process's high-water mark (`VmHWM`), so each run belongs in its own process:
 //! `qtts bench` starts `qtts bench-run` once per (run, configuration).
+//!
+//! A run longer than [`MINUTE_FRAMES`] (one utterance cannot outlast the talker's context) is a
+//! soak: requests of one minute each, one after the other into the same ring and device, each
+//! starting when the previous one has played (as utterances spoken live one after another); the
+//! report then also has each minute's stage percentiles and the resident set (`VmRSS`) after the
+//! warm-up and at the end, to show whether anything grows.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +36,9 @@ pub const WARMUP_FRAMES: usize = 4;
 
 /// The text of every measured request (streaming-text mode; the frame count is forced).
 pub const TEXT: &str = "The quick brown fox jumps over the lazy dog, twice.";
+
+/// Frames of one request of a soak (60 s of audio; see the module's documentation).
+pub const MINUTE_FRAMES: usize = 750;
 
 /// The stages reported per run, as [`Metrics::named`] names them.
 pub const STAGES: [&str; 4] = ["talker step", "cp frame", "decoder frame", "talker prefill"];
@@ -71,6 +80,17 @@ pub struct RunReport {
     /// The kernel tier the run used ([`crate::kernels::active`]).
     #[serde(default)]
     pub tier: String,
+    /// A soak's resident set after the warm-up and at the end, MiB (`VmRSS`; 0 where there is
+    /// none).
+    #[serde(default)]
+    pub rss_start_mib: f64,
+    /// See `rss_start_mib`.
+    #[serde(default)]
+    pub rss_end_mib: f64,
+    /// A soak's stage percentiles per minute (one request each), in order; empty for a run of
+    /// one request.
+    #[serde(default)]
+    pub minutes: Vec<Vec<StageStat>>,
 }
 
 /// The GGUF pair of weight type `ty` in a bench directory made by [`ensure_models`].
@@ -127,11 +147,21 @@ pub fn ensure_models(
 
 /// The process's peak resident set in bytes, from `/proc/self/status` (`None` where there is none).
 pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    status_kib("VmHWM:").map(|k| k * 1024)
 }
+
+/// The process's resident set now, in bytes (`VmRSS`; `None` where there is none).
+pub fn rss_bytes() -> Option<u64> {
+    status_kib("VmRSS:").map(|k| k * 1024)
+}
+
+fn status_kib(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 fn stage_stats(m: &Metrics) -> Vec<StageStat> {
     let ms = |us: u64| us as f64 / 1e3;
@@ -156,10 +186,23 @@ pub fn measure(
     frames: usize,
     prebuffer_ms: f64,
 ) -> Result<RunReport, EngineError> {
+    measure_in(files, config, frames, MINUTE_FRAMES, prebuffer_ms)
+}
+
+/// [`measure`], a run longer than `request_frames` being a soak of requests of that many frames
+/// ([`MINUTE_FRAMES`] in [`measure`]).
+pub fn measure_in(
+    files: &ModelFiles,
+    config: EngineConfig,
+    frames: usize,
+    request_frames: usize,
+    prebuffer_ms: f64,
+) -> Result<RunReport, EngineError> {
+    let request_frames = request_frames.max(1);
     let mut engine = Engine::load(files, config)?;
+    let speakers = engine.info().speakers.clone();
     let request = |frames: usize| {
         let mut req = Request::text(TEXT);
-        let speakers = &engine.info().speakers;
         req.voice.speaker = speakers
             .iter()
             .find(|s| *s == "vivian")
@@ -173,30 +216,66 @@ pub fn measure(
         req
     };
     let warmup = request(WARMUP_FRAMES);
-    let measured = request(frames);
     let (summary, _) = engine
         .synthesize(warmup, Box::new(crate::audio::MemorySink::default()))
         .wait();
     let first_ttfa_ms = summary?.ttfa.unwrap_or_default().as_secs_f64() * 1e3;
-    // The ring holds the whole utterance and a second more: the engine never waits for playback.
+    let rss_start = rss_bytes().unwrap_or(0) as f64 / MIB;
+    // The ring holds the whole run and a second more: the engine never waits for playback.
     let capacity_ms = (frames * FRAME_SAMPLES) as f64 * 1e3 / SAMPLE_RATE as f64 + 1000.0;
     let (sink, player) = ring(capacity_ms, prebuffer_ms);
     let device = PacedDevice::start(player, PERIOD_SAMPLES, false);
     let shared = device.shared();
-    let (summary, _) = engine.synthesize(measured, Box::new(sink)).wait();
-    let summary = summary?;
+    // One request, or a soak of one-minute requests back to back.
+    let parts: Vec<usize> = if frames > request_frames {
+        (0..frames)
+            .step_by(request_frames)
+            .map(|f| (frames - f).min(request_frames))
+            .collect()
+    } else {
+        vec![frames]
+    };
+    // Each request ends when its audio has played (the ring's `end`), as utterances spoken one
+    // after another live; the RTF sums each one's generation only.
+    let mut sink: Box<dyn crate::audio::AudioSink> = Box::new(sink);
+    let (mut metrics, mut minutes) = (Metrics::default(), Vec::new());
+    let (mut produced, mut audio_s, mut ttfa_ms, mut generating) = (0, 0.0, None, 0.0);
+    for n in &parts {
+        let (summary, back) = engine.synthesize(request(*n), sink).wait();
+        sink = back;
+        let summary = summary?;
+        ttfa_ms.get_or_insert(summary.ttfa.unwrap_or_default().as_secs_f64() * 1e3);
+        produced += summary.frames;
+        audio_s += summary.audio_seconds();
+        generating += summary.generated.as_secs_f64();
+        metrics.merge(&summary.metrics);
+        if parts.len() > 1 {
+            minutes.push(stage_stats(&summary.metrics));
+        }
+    }
     drop(device);
     Ok(RunReport {
-        frames: summary.frames,
-        audio_s: summary.audio_seconds(),
-        rtf: summary.rtf(),
-        ttfa_ms: summary.ttfa.unwrap_or_default().as_secs_f64() * 1e3,
+        frames: produced,
+        audio_s,
+        rtf: if audio_s > 0.0 {
+            generating / audio_s
+        } else {
+            0.0
+        },
+        ttfa_ms: ttfa_ms.unwrap_or_default(),
         first_ttfa_ms,
         underruns: shared.underruns(),
         periods: shared.periods(),
-        peak_rss_mib: peak_rss_bytes().unwrap_or(0) as f64 / (1024.0 * 1024.0),
+        peak_rss_mib: peak_rss_bytes().unwrap_or(0) as f64 / MIB,
         tier: crate::kernels::active().name().to_string(),
-        stages: stage_stats(&summary.metrics),
+        stages: stage_stats(&metrics),
+        rss_start_mib: if parts.len() > 1 { rss_start } else { 0.0 },
+        rss_end_mib: if parts.len() > 1 {
+            rss_bytes().unwrap_or(0) as f64 / MIB
+        } else {
+            0.0
+        },
+        minutes,
     })
 }
 
@@ -291,6 +370,34 @@ pub struct Row {
     pub label: String,
     /// Its medians.
     pub medians: Medians,
+}
+
+/// A soak's lines (a run of several one-minute requests, [`MINUTE_FRAMES`]): the resident set
+/// after the warm-up and at the end, and each stage's p50/p99 in the first minute and the last.
+/// Empty for a run of one request.
+pub fn soak_lines(label: &str, r: &RunReport) -> String {
+    let (Some(first), Some(last)) = (r.minutes.first(), r.minutes.last()) else {
+        return String::new();
+    };
+    let mut s = format!(
+        "{label}: {} minutes, RSS {:.0} MiB after the warm-up, {:.0} MiB at the end; underruns {} of \
+         {} periods\n",
+        r.minutes.len(),
+        r.rss_start_mib,
+        r.rss_end_mib,
+        r.underruns,
+        r.periods
+    );
+    for name in ["talker step", "cp frame", "decoder frame"] {
+        let find = |m: &[StageStat]| m.iter().find(|st| st.name == name).cloned();
+        if let (Some(a), Some(b)) = (find(first), find(last)) {
+            s += &format!(
+                "  {name:<14} p50/p99 ms: first minute {:.1}/{:.1}, last minute {:.1}/{:.1}\n",
+                a.p50_ms, a.p99_ms, b.p50_ms, b.p99_ms
+            );
+        }
+    }
+    s
 }
 
 /// The table: one line per configuration, then the reference and the ratio of its median RTF to
@@ -398,6 +505,9 @@ mod tests {
                 p99_ms: 2.0 * cp_p50,
             }],
             tier: "scalar".into(),
+            rss_start_mib: 0.0,
+            rss_end_mib: 0.0,
+            minutes: Vec::new(),
         }
     }
 

@@ -38,9 +38,13 @@ pub struct BenchArgs {
     /// (exact), bf16, q8_0; each is measured with each type, interleaved in every round.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     pub decoder: Vec<DecoderArg>,
-    /// Frames per measured request (80 ms each): 750 is the 60 s utterance.
+    /// Frames per measured run (80 ms each): 750 is 60 s; a longer run is a soak of one-minute
+    /// requests spoken one after another (`--request-frames`), reported minute by minute.
     #[arg(long, default_value_t = 750)]
     pub frames: usize,
+    /// Frames per request of a soak (a run longer than this).
+    #[arg(long, default_value_t = qtts::bench::MINUTE_FRAMES)]
+    pub request_frames: usize,
     /// Rounds; each runs every configuration once, then the reference.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
@@ -266,6 +270,8 @@ pub struct RunArgs {
     mmproj: PathBuf,
     #[arg(long)]
     frames: usize,
+    #[arg(long, default_value_t = qtts::bench::MINUTE_FRAMES)]
+    request_frames: usize,
     #[arg(long)]
     prebuffer_ms: f64,
     #[arg(long, value_enum)]
@@ -296,7 +302,7 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
         talker: a.talker_runtime.runtime(tier),
         ..default
     };
-    let report = bench::measure(&files, config, a.frames, a.prebuffer_ms)?;
+    let report = bench::measure_in(&files, config, a.frames, a.request_frames, a.prebuffer_ms)?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }
@@ -348,6 +354,8 @@ fn child(exe: &Path, dir: &Path, c: Config, a: &BenchArgs) -> anyhow::Result<Run
         .arg(&files.mmproj)
         .arg("--frames")
         .arg(a.frames.to_string())
+        .arg("--request-frames")
+        .arg(a.request_frames.to_string())
         .arg("--prebuffer-ms")
         .arg(a.prebuffer_ms.to_string());
     // The parent resolves `auto`, so that the table names what ran.
@@ -575,6 +583,14 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         a.frames, a.runs, a.prebuffer_ms
     );
     print!("{}", bench::table(&rows, &refs));
+    for (c, runs) in configs.iter().zip(&reports) {
+        for (i, r) in runs.iter().enumerate() {
+            print!(
+                "{}",
+                bench::soak_lines(&format!("{} run {}", c.label(), i + 1), r)
+            );
+        }
+    }
     if let Some(path) = &a.json {
         let all: Vec<serde_json::Value> = configs
             .iter()

@@ -199,6 +199,10 @@ struct SpeakArgs {
     /// Write every frame's 16 codes as JSON (`[[c0, .., c15], ...]`).
     #[arg(long)]
     codes_out: Option<PathBuf>,
+    /// Write what was spoken as JSON: per utterance (long text is split into several, in order),
+    /// its text, text tokens, frames, how it ended and where its text was cut.
+    #[arg(long)]
+    report: Option<PathBuf>,
     /// Print the per-stage latency table at the end.
     #[arg(long)]
     stats: bool,
@@ -390,6 +394,10 @@ fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
     Engine::load(&model.files, config).context("loading the engine")
 }
 
+/// Above this many utterances in a request, `speak` and `synth` print one line for them all
+/// (`--report` has each).
+const MANY_UTTERANCES: usize = 20;
+
 /// Runs every request into `sink`, with a progress line; returns the merged metrics and the sink.
 fn run_all(
     args: &SpeakArgs,
@@ -402,6 +410,7 @@ fn run_all(
     let info = engine.info().clone();
     let mut metrics = qtts::metrics::Metrics::default();
     let mut codes: Vec<[u32; 16]> = Vec::new();
+    let mut report: Vec<serde_json::Value> = Vec::new();
     let mut totals = (0usize, 0f64);
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_style(
@@ -428,8 +437,30 @@ fn run_all(
         let (summary, back) = finished;
         sink = back;
         let summary = summary?;
+        for seg in &summary.segments {
+            report.push(serde_json::json!({
+                "text": seg.text,
+                "tokens": seg.tokens,
+                "frames": seg.frames,
+                "stop": format!("{:?}", seg.stop),
+                "cut": seg.cut.map(|c| format!("{c:?}")),
+            }));
+        }
         bar.suspend(|| {
-            for (i, seg) in summary.segments.iter().enumerate() {
+            let many = summary.segments.len() > MANY_UTTERANCES;
+            if many {
+                let capped = summary
+                    .segments
+                    .iter()
+                    .filter(|s| matches!(s.stop, qtts::talker::StopReason::FrameCap { .. }))
+                    .count();
+                eprintln!(
+                    "  {} utterances, {capped} of them stopped at their frame cap (--report \
+                     writes each one)",
+                    summary.segments.len()
+                );
+            }
+            for (i, seg) in summary.segments.iter().enumerate().filter(|_| !many) {
                 if summary.segments.len() > 1 {
                     eprintln!(
                         "  utterance {}: {} tokens, {} frames, {:?}, cut {:?}",
@@ -467,6 +498,14 @@ fn run_all(
     bar.finish_and_clear();
     if let Some(p) = &args.codes_out {
         let json = serde_json::to_string(&codes)?;
+        std::fs::write(p, json).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &args.report {
+        let json = serde_json::to_string_pretty(&serde_json::json!({
+            "frames": totals.0,
+            "audio_s": totals.1,
+            "utterances": report,
+        }))?;
         std::fs::write(p, json).with_context(|| format!("writing {}", p.display()))?;
     }
     if args.stats {

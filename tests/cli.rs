@@ -102,6 +102,60 @@ fn synth_reproduces_the_oracle(tier: Option<qtts::kernels::Tier>) {
     }
 }
 
+/// A run longer than `--request-frames` is a soak: requests spoken one after another, each
+/// minute's stage percentiles and the resident set at the start and the end reported (here on
+/// the tiny model, with "minutes" of 4 frames).
+#[test]
+fn a_long_bench_run_is_a_soak_reported_minute_by_minute() {
+    let (tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let models = out.talker.parent().unwrap().to_str().unwrap().to_owned();
+    let json = tmp.path().join("soak.json");
+    let r = qtts(
+        &[
+            "bench",
+            "--models",
+            &models,
+            "--types",
+            "f32",
+            "--decoder",
+            "f32",
+            "--frames",
+            "12",
+            "--request-frames",
+            "4",
+            "--runs",
+            "1",
+            "--prebuffer-ms",
+            "100",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(r.status.success(), "{}", stderr(&r));
+    let table = String::from_utf8_lossy(&r.stdout);
+    assert!(
+        table.contains("3 minutes, RSS") && table.contains("first minute"),
+        "{table}"
+    );
+    let all: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let run = &all[0]["runs"][0];
+    assert_eq!(run["frames"], 12);
+    assert_eq!(run["minutes"].as_array().unwrap().len(), 3);
+    assert!(run["rss_start_mib"].as_f64().unwrap() > 1.0, "{run}");
+    assert!(run["rss_end_mib"].as_f64().unwrap() > 1.0, "{run}");
+    for minute in run["minutes"].as_array().unwrap() {
+        let names: Vec<&str> = minute
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"decoder frame"), "{names:?}");
+    }
+}
+
 /// A misspelt `QTTS_KERNELS`, or a tier this CPU lacks, is refused before anything loads, with
 /// the tiers that do run here; never a silent fallback.
 #[test]
@@ -136,6 +190,76 @@ fn kernel_tiers_the_cpu_lacks_are_refused() {
     );
     assert!(err.contains("available here: scalar"), "{err}");
     assert!(!wav.exists());
+}
+
+/// 50,000 characters of mixed scripts through `synth` as one request: split into utterances of at
+/// most 150 tokens, never cut, every one spoken in order (`--report`), and the frames reported
+/// are the frames written.
+#[test]
+fn fifty_thousand_characters_of_mixed_scripts_are_spoken_whole_and_in_order() {
+    let pieces = [
+        "The quick brown fox jumps over the lazy dog. ",
+        "Voix ambiguë d'un cœur qui, au zéphyr, préfère les jattes de kiwis; ",
+        "Съешь же ещё этих мягких французских булок, да выпей чаю! ",
+        "Ξεσκεπάζω την ψυχοφθόρα βδελυγμία. ",
+        "我能吞下玻璃而不伤身体，天地玄黄宇宙洪荒日月盈昃辰宿列张。",
+        "いろはにほへとちりぬるをわかよたれそつねならむ",
+        "نص حكيم له سر قاطع وذو شأن عظيم مكتوب على ثوب أخضر ومغلف بجلد أزرق. ",
+        "ऋषियों को सताने वाले दुष्ट राक्षसों के राजा रावण का सर्वनाश करने वाले विष्णुवतार भगवान श्रीराम। ",
+        "12,345.67 — 89% 🙂🚀 ",
+        "\n",
+    ];
+    let mut text = String::new();
+    for p in pieces.iter().cycle() {
+        if text.chars().count() >= 50_000 {
+            break;
+        }
+        text.push_str(p);
+    }
+    let text: String = text.chars().take(50_000).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let (wav, report) = (tmp.path().join("long.wav"), tmp.path().join("long.json"));
+    let r = qtts(
+        &[
+            "synth",
+            &text,
+            "--max-frames",
+            "1",
+            "--out",
+            wav.to_str().unwrap(),
+            "--report",
+            report.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(r.status.success(), "{}", stderr(&r));
+    let rep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let utts = rep["utterances"].as_array().unwrap();
+    assert!(utts.len() > 300, "{} utterances", utts.len());
+    // Every character, in order, exactly once: only the whitespace at the cuts goes.
+    let spoken: String = utts
+        .iter()
+        .map(|u| u["text"].as_str().unwrap())
+        .collect::<String>()
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let want: String = qtts::text::split::normalize(&text)
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    assert!(spoken == want, "the utterances are not the text, in order");
+    for u in utts {
+        assert!(u["tokens"].as_u64().unwrap() <= 150, "{u}");
+        assert_eq!(u["frames"], 1, "{u}");
+    }
+    let frames = rep["frames"].as_u64().unwrap() as usize;
+    assert_eq!(frames, utts.len());
+    assert_eq!(read_wav(&wav).len(), frames * 1920);
+    let err = stderr(&r);
+    assert!(err.contains(&format!("{} utterances", utts.len())), "{err}");
+    assert!(err.contains(&format!("{frames} frames")), "{err}");
 }
 
 #[test]
