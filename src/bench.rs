@@ -87,10 +87,18 @@ pub struct RunReport {
     /// See `rss_start_mib`.
     #[serde(default)]
     pub rss_end_mib: f64,
-    /// A soak's stage percentiles per minute (one request each), in order; empty for a run of
-    /// one request.
+    /// A soak's minutes (one request each), in order; empty for a run of one request.
     #[serde(default)]
-    pub minutes: Vec<Vec<StageStat>>,
+    pub minutes: Vec<Minute>,
+}
+
+/// One minute (one request) of a soak.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Minute {
+    /// The resident set when its audio had played, MiB (`VmRSS`).
+    pub rss_mib: f64,
+    /// Its stage percentiles.
+    pub stages: Vec<StageStat>,
 }
 
 /// The GGUF pair of weight type `ty` in a bench directory made by [`ensure_models`].
@@ -221,11 +229,6 @@ pub fn measure_in(
         .wait();
     let first_ttfa_ms = summary?.ttfa.unwrap_or_default().as_secs_f64() * 1e3;
     let rss_start = rss_bytes().unwrap_or(0) as f64 / MIB;
-    // The ring holds the whole run and a second more: the engine never waits for playback.
-    let capacity_ms = (frames * FRAME_SAMPLES) as f64 * 1e3 / SAMPLE_RATE as f64 + 1000.0;
-    let (sink, player) = ring(capacity_ms, prebuffer_ms);
-    let device = PacedDevice::start(player, PERIOD_SAMPLES, false);
-    let shared = device.shared();
     // One request, or a soak of one-minute requests back to back.
     let parts: Vec<usize> = if frames > request_frames {
         (0..frames)
@@ -235,6 +238,13 @@ pub fn measure_in(
     } else {
         vec![frames]
     };
+    // The ring holds a whole request and a second more: the engine never waits for playback
+    // within a request (and a request starts when the previous one has played, below).
+    let longest = parts.iter().copied().max().unwrap_or(frames);
+    let capacity_ms = (longest * FRAME_SAMPLES) as f64 * 1e3 / SAMPLE_RATE as f64 + 1000.0;
+    let (sink, player) = ring(capacity_ms, prebuffer_ms);
+    let device = PacedDevice::start(player, PERIOD_SAMPLES, false);
+    let shared = device.shared();
     // Each request ends when its audio has played (the ring's `end`), as utterances spoken one
     // after another live; the RTF sums each one's generation only.
     let mut sink: Box<dyn crate::audio::AudioSink> = Box::new(sink);
@@ -250,7 +260,10 @@ pub fn measure_in(
         generating += summary.generated.as_secs_f64();
         metrics.merge(&summary.metrics);
         if parts.len() > 1 {
-            minutes.push(stage_stats(&summary.metrics));
+            minutes.push(Minute {
+                rss_mib: rss_bytes().unwrap_or(0) as f64 / MIB,
+                stages: stage_stats(&summary.metrics),
+            });
         }
     }
     drop(device);
@@ -373,23 +386,29 @@ pub struct Row {
 }
 
 /// A soak's lines (a run of several one-minute requests, [`MINUTE_FRAMES`]): the resident set
-/// after the warm-up and at the end, and each stage's p50/p99 in the first minute and the last.
+/// after the warm-up and after each minute, and each stage's p50/p99 in the first minute and the
+/// last.
 /// Empty for a run of one request.
 pub fn soak_lines(label: &str, r: &RunReport) -> String {
     let (Some(first), Some(last)) = (r.minutes.first(), r.minutes.last()) else {
         return String::new();
     };
+    let rss: Vec<String> = r
+        .minutes
+        .iter()
+        .map(|m| format!("{:.0}", m.rss_mib))
+        .collect();
     let mut s = format!(
-        "{label}: {} minutes, RSS {:.0} MiB after the warm-up, {:.0} MiB at the end; underruns {} of \
-         {} periods\n",
+        "{label}: {} minutes, RSS {:.0} MiB after the warm-up, then after each minute {} MiB; \
+         underruns {} of {} periods\n",
         r.minutes.len(),
         r.rss_start_mib,
-        r.rss_end_mib,
+        rss.join(", "),
         r.underruns,
         r.periods
     );
     for name in ["talker step", "cp frame", "decoder frame"] {
-        let find = |m: &[StageStat]| m.iter().find(|st| st.name == name).cloned();
+        let find = |m: &Minute| m.stages.iter().find(|st| st.name == name).cloned();
         if let (Some(a), Some(b)) = (find(first), find(last)) {
             s += &format!(
                 "  {name:<14} p50/p99 ms: first minute {:.1}/{:.1}, last minute {:.1}/{:.1}\n",

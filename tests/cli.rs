@@ -138,6 +138,7 @@ fn a_long_bench_run_is_a_soak_reported_minute_by_minute() {
         table.contains("3 minutes, RSS") && table.contains("first minute"),
         "{table}"
     );
+    assert!(table.contains("then after each minute"), "{table}");
     let all: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let run = &all[0]["runs"][0];
@@ -146,7 +147,8 @@ fn a_long_bench_run_is_a_soak_reported_minute_by_minute() {
     assert!(run["rss_start_mib"].as_f64().unwrap() > 1.0, "{run}");
     assert!(run["rss_end_mib"].as_f64().unwrap() > 1.0, "{run}");
     for minute in run["minutes"].as_array().unwrap() {
-        let names: Vec<&str> = minute
+        assert!(minute["rss_mib"].as_f64().unwrap() > 1.0, "{minute}");
+        let names: Vec<&str> = minute["stages"]
             .as_array()
             .unwrap()
             .iter()
