@@ -414,6 +414,15 @@ pub fn soak_lines(label: &str, r: &RunReport) -> String {
                 "  {name:<14} p50/p99 ms: first minute {:.1}/{:.1}, last minute {:.1}/{:.1}\n",
                 a.p50_ms, a.p99_ms, b.p50_ms, b.p99_ms
             );
+            let each = |f: fn(&StageStat) -> f64| {
+                r.minutes
+                    .iter()
+                    .map(|m| find(m).map_or("-".into(), |st| format!("{:.1}", f(&st))))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            s += &format!("    p50 by minute: {}\n", each(|st| st.p50_ms));
+            s += &format!("    p99 by minute: {}\n", each(|st| st.p99_ms));
         }
     }
     s
