@@ -64,10 +64,10 @@ fn main() {
     };
     match std::env::var("QTTS_BENCH_PLAN").as_deref() {
         Ok("shared") if cores >= 2 => config.plan.decoder = all,
-        Ok("cp-shared") if cores >= 2 => config.plan.cp = all,
+        Ok("cp-shared") if cores >= 2 => config.plan.code_predictor = all,
         Ok("talker-cp-shared") if cores >= 2 => {
             config.plan.talker = all.clone();
-            config.plan.cp = all;
+            config.plan.code_predictor = all;
         }
         _ => {}
     }

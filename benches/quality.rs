@@ -181,7 +181,7 @@ fn main() {
     };
     let cp_logits = |ty: OutType| -> Vec<f32> {
         let mut cp = CodePredictor::load(&GgufFile::open(path("mmproj", ty)).unwrap()).unwrap();
-        // As the engine runs it (`EngineConfig::cp_kernel`): q8_0 heads packed where the CPU can.
+        // As the engine runs it (`EngineConfig::code_predictor_kernel`): q8_0 heads packed where the CPU can.
         cp.pack_heads();
         let mut out = Vec::new();
         for (f, c) in codes.iter().enumerate() {
@@ -276,7 +276,7 @@ fn main() {
             println!("decoder, bf16 matrices by {k:?}: skipped, this CPU lacks the instructions");
             continue;
         }
-        let mut voc = qtts::vocoder::Vocoder::load_bf16(&f, k).unwrap();
+        let mut voc = qtts::decoder::Decoder::load_bf16(&f, k).unwrap();
         voc.set_capture(true);
         let mut out = vec![0f32; codes.len() * 1920];
         voc.decode_frames(&pool, &codes, &mut out).unwrap();

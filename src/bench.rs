@@ -41,7 +41,12 @@ pub const TEXT: &str = "The quick brown fox jumps over the lazy dog, twice.";
 pub const MINUTE_FRAMES: usize = 750;
 
 /// The stages reported per run, as [`Metrics::named`] names them.
-pub const STAGES: [&str; 4] = ["talker step", "cp frame", "decoder frame", "talker prefill"];
+pub const STAGES: [&str; 4] = [
+    "talker step",
+    "code predictor frame",
+    "decoder frame",
+    "talker prefill",
+];
 
 /// One stage's percentiles.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -362,7 +367,7 @@ pub struct ReferenceReport {
     /// Talker step per frame.
     pub talker_step_ms: RefStat,
     /// Code predictor per frame.
-    pub cp_frame_ms: RefStat,
+    pub code_predictor_frame_ms: RefStat,
     /// Decoder per frame (all frames decoded at once).
     pub decode_ms_per_frame: f64,
 }
@@ -407,7 +412,7 @@ pub fn soak_lines(label: &str, r: &RunReport) -> String {
         r.underruns,
         r.periods
     );
-    for name in ["talker step", "cp frame", "decoder frame"] {
+    for name in ["talker step", "code predictor frame", "decoder frame"] {
         let find = |m: &Minute| m.stages.iter().find(|st| st.name == name).cloned();
         if let (Some(a), Some(b)) = (find(first), find(last)) {
             s += &format!(
@@ -432,7 +437,7 @@ pub fn soak_lines(label: &str, r: &RunReport) -> String {
 /// each configuration's.
 pub fn table(rows: &[Row], reference: &[ReferenceReport]) -> String {
     let mut s = String::new();
-    let stage_names = ["talker step", "cp frame", "decoder frame"];
+    let stage_names = ["talker step", "code predictor frame", "decoder frame"];
     // The first column as wide as the longest label.
     let w = rows
         .iter()
@@ -503,8 +508,8 @@ pub fn table(rows: &[Row], reference: &[ReferenceReport]) -> String {
             ),
             format!(
                 "{:.0}/{:.0}",
-                med(&|r| r.cp_frame_ms.median_ms),
-                med(&|r| r.cp_frame_ms.max_ms)
+                med(&|r| r.code_predictor_frame_ms.median_ms),
+                med(&|r| r.code_predictor_frame_ms.max_ms)
             ),
             format!("{:.0}/-", med(&|r| r.decode_ms_per_frame)),
             "1.0x"
@@ -528,7 +533,7 @@ mod tests {
             periods: 40,
             peak_rss_mib: 500.0,
             stages: vec![StageStat {
-                name: "cp frame".into(),
+                name: "code predictor frame".into(),
                 p50_ms: cp_p50,
                 p99_ms: 2.0 * cp_p50,
             }],
@@ -543,7 +548,11 @@ mod tests {
     fn medians_are_per_field_and_survive_missing_stages() {
         let m = Medians::of(&[report(3.0, 10.0), report(1.0, 30.0), report(2.0, 20.0)]);
         assert_eq!((m.rtf, m.ttfa_ms, m.underruns), (2.0, 200.0, 2.0));
-        let cp = m.stages.iter().find(|s| s.0 == "cp frame").unwrap();
+        let cp = m
+            .stages
+            .iter()
+            .find(|s| s.0 == "code predictor frame")
+            .unwrap();
         assert_eq!((cp.1, cp.2), (20.0, 40.0));
         let talker = m.stages.iter().find(|s| s.0 == "talker step").unwrap();
         assert!(talker.1.is_nan());
@@ -558,7 +567,7 @@ mod tests {
         let r: ReferenceReport = serde_json::from_str(
             r#"{"frames": 24, "rtf_total": 12.0, "ttfa_streaming_estimate_s": 1.5,
                 "talker_step_ms": {"median_ms": 200.0, "max_ms": 250.0},
-                "cp_frame_ms": {"median_ms": 600.0, "max_ms": 700.0},
+                "code_predictor_frame_ms": {"median_ms": 600.0, "max_ms": 700.0},
                 "decode_ms_per_frame": 70.0, "extra": 1}"#,
         )
         .unwrap();

@@ -69,7 +69,7 @@ pub struct BenchArgs {
     /// packed;
     /// each is measured with each type, decoder and plan.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
-    pub cp_kernel: Vec<CpKernelArg>,
+    pub code_predictor_kernel: Vec<CodePredictorKernelArg>,
     /// What runs the talker, comma-separated: auto (the engine's), llama (llama.cpp), graph (the
     /// crate's graph, packed kernels), graph-ggml (the crate's graph, ggml's products).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
@@ -124,7 +124,7 @@ fn arg_name(v: impl clap::ValueEnum) -> String {
 
 /// The code predictor's layer kernel on the command line (the engine's `LayerKernel`, or auto).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CpKernelArg {
+pub enum CodePredictorKernelArg {
     /// The engine's default ([`LayerKernel::fastest`]).
     Auto,
     /// ggml's `mul_mat`.
@@ -135,23 +135,23 @@ pub enum CpKernelArg {
     Packed,
 }
 
-impl CpKernelArg {
+impl CodePredictorKernelArg {
     /// What the engine takes, under `tier`.
     pub fn kernel(self, tier: Tier) -> LayerKernel {
         match self {
-            CpKernelArg::Auto => LayerKernel::fastest_for(tier),
-            CpKernelArg::Ggml => LayerKernel::Ggml,
-            CpKernelArg::Scalar => LayerKernel::Scalar,
-            CpKernelArg::Packed => LayerKernel::Packed,
+            CodePredictorKernelArg::Auto => LayerKernel::fastest_for(tier),
+            CodePredictorKernelArg::Ggml => LayerKernel::Ggml,
+            CodePredictorKernelArg::Scalar => LayerKernel::Scalar,
+            CodePredictorKernelArg::Packed => LayerKernel::Packed,
         }
     }
 
     /// The argument naming `k`.
     fn of(k: LayerKernel) -> Self {
         match k {
-            LayerKernel::Ggml => CpKernelArg::Ggml,
-            LayerKernel::Scalar => CpKernelArg::Scalar,
-            LayerKernel::Packed => CpKernelArg::Packed,
+            LayerKernel::Ggml => CodePredictorKernelArg::Ggml,
+            LayerKernel::Scalar => CodePredictorKernelArg::Scalar,
+            LayerKernel::Packed => CodePredictorKernelArg::Packed,
         }
     }
 
@@ -214,8 +214,8 @@ pub enum PlanArg {
     /// The code predictor over every core, the decoder at the same priority (what `cp-shared`
     /// is measured against).
     CpSharedEqual,
-    /// As `cp-shared`, the decoder under `SCHED_IDLE` ([`ThreadPlan::cp_on_every_core`], `qtts
-    /// speak --cp-on-every-core`).
+    /// As `cp-shared`, the decoder under `SCHED_IDLE` ([`ThreadPlan::code_predictor_on_every_core`], `qtts
+    /// speak --code-predictor-on-every-core`).
     CpSharedIdle,
     /// As `cp-shared-idle`, the talker's threads over every core too.
     TalkerCpSharedIdle,
@@ -234,7 +234,7 @@ impl PlanArg {
         }
         // Every plan below but the first three shares the code predictor over every core; they
         // differ in the decoder's priority and the talker's cores.
-        let mut plan = ThreadPlan::cp_on_every_core(cores);
+        let mut plan = ThreadPlan::code_predictor_on_every_core(cores);
         match self {
             PlanArg::Default => return ThreadPlan::default_for(cores),
             PlanArg::Split => return ThreadPlan::for_cores(cores),
@@ -248,10 +248,10 @@ impl PlanArg {
             PlanArg::CpShared => plan.decoder.nice = 19,
             PlanArg::CpSharedEqual => plan.decoder.nice = 0,
             PlanArg::TalkerCpShared => {
-                plan.talker = plan.cp.clone();
+                plan.talker = plan.code_predictor.clone();
                 plan.decoder.nice = 19;
             }
-            PlanArg::TalkerCpSharedIdle => plan.talker = plan.cp.clone(),
+            PlanArg::TalkerCpSharedIdle => plan.talker = plan.code_predictor.clone(),
         }
         plan
     }
@@ -281,7 +281,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "default")]
     plan: PlanArg,
     #[arg(long, value_enum, default_value = "auto")]
-    cp_kernel: CpKernelArg,
+    code_predictor_kernel: CodePredictorKernelArg,
     #[arg(long = "talker-runtime", value_enum, default_value = "auto")]
     talker_runtime: TalkerArg,
 }
@@ -298,7 +298,7 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
         decoder: a.decoder.weights(tier),
         decoder_chunk: a.decoder_chunk.unwrap_or(default.decoder_chunk),
         plan: a.plan.plan(ThreadPlan::available_cores()),
-        cp_kernel: a.cp_kernel.kernel(tier),
+        code_predictor_kernel: a.code_predictor_kernel.kernel(tier),
         talker: a.talker_runtime.runtime(tier),
         ..default
     };
@@ -313,7 +313,7 @@ struct Config {
     ty: OutType,
     decoder: DecoderWeights,
     plan: PlanArg,
-    cp_kernel: LayerKernel,
+    code_predictor_kernel: LayerKernel,
     talker: TalkerRuntime,
     decoder_chunk: usize,
     tier: Tier,
@@ -330,8 +330,11 @@ impl Config {
         if self.plan != PlanArg::Default {
             l += &format!(", {}", self.plan.name());
         }
-        if self.cp_kernel != LayerKernel::fastest_for(self.tier) {
-            l += &format!(", cp {}", CpKernelArg::of(self.cp_kernel).name());
+        if self.code_predictor_kernel != LayerKernel::fastest_for(self.tier) {
+            l += &format!(
+                ", cp {}",
+                CodePredictorKernelArg::of(self.code_predictor_kernel).name()
+            );
         }
         if self.talker != TalkerRuntime::fastest_for(self.tier) {
             l += &format!(", talker {}", TalkerArg::of(self.talker).name());
@@ -361,8 +364,8 @@ fn child(exe: &Path, dir: &Path, c: Config, a: &BenchArgs) -> anyhow::Result<Run
     // The parent resolves `auto`, so that the table names what ran.
     cmd.arg("--decoder").arg(c.decoder.name());
     cmd.arg("--plan").arg(c.plan.name());
-    cmd.arg("--cp-kernel")
-        .arg(CpKernelArg::of(c.cp_kernel).name());
+    cmd.arg("--code-predictor-kernel")
+        .arg(CodePredictorKernelArg::of(c.code_predictor_kernel).name());
     cmd.arg("--talker-runtime")
         .arg(TalkerArg::of(c.talker).name());
     cmd.arg("--decoder-chunk").arg(c.decoder_chunk.to_string());
@@ -504,7 +507,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     for &ty in &a.types {
         for d in &a.decoder {
             for &plan in &a.plan {
-                for k in &a.cp_kernel {
+                for k in &a.code_predictor_kernel {
                     for t in &a.talker {
                         for &decoder_chunk in &chunks {
                             for &tier in &tiers {
@@ -512,7 +515,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                                     ty,
                                     decoder: d.weights(tier),
                                     plan,
-                                    cp_kernel: k.kernel(tier),
+                                    code_predictor_kernel: k.kernel(tier),
                                     talker: t.runtime(tier),
                                     decoder_chunk,
                                     tier,
@@ -600,7 +603,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                     "type": c.ty.name(),
                     "decoder": c.decoder.name(),
                     "plan": c.plan.name(),
-                    "cp_kernel": CpKernelArg::of(c.cp_kernel).name(),
+                    "code_predictor_kernel": CodePredictorKernelArg::of(c.code_predictor_kernel).name(),
                     "talker": TalkerArg::of(c.talker).name(),
                     "decoder_chunk": c.decoder_chunk,
                     "tier": c.tier.name(),

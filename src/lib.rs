@@ -13,6 +13,7 @@
 pub mod audio;
 pub mod bench;
 pub mod code_predictor;
+pub mod decoder;
 pub mod engine;
 pub mod error;
 pub mod ffi;
@@ -25,6 +26,5 @@ pub mod sampling;
 pub mod synth;
 pub mod talker;
 pub mod text;
-pub mod vocoder;
 
 pub use error::ModelError;

@@ -223,7 +223,7 @@ struct SpeakArgs {
     /// the decoder's core between frames) when they are not, and other busy programs starve the
     /// decoder (PERFORMANCE.md).
     #[arg(long)]
-    cp_on_every_core: bool,
+    code_predictor_on_every_core: bool,
     /// The decoder's matrices: auto (bf16 where the CPU has AMX, else f32), f32 (exact), bf16
     /// (AMX only; about 32 dB from f32) or q8_0 (a quarter of f32's memory, about 19 dB from f32);
     /// see PERFORMANCE.md.
@@ -338,7 +338,7 @@ fn requests(
         },
         mode: args.text_mode,
         sampling: None,
-        cp_sampling: None,
+        code_predictor_sampling: None,
         repetition_penalty: None,
         seed: args.seed,
         max_frames: args.max_frames,
@@ -381,8 +381,8 @@ fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
     let config = EngineConfig {
         plan: {
             let n = args.cores.unwrap_or_else(ThreadPlan::available_cores);
-            if args.cp_on_every_core {
-                ThreadPlan::cp_on_every_core(n)
+            if args.code_predictor_on_every_core {
+                ThreadPlan::code_predictor_on_every_core(n)
             } else {
                 ThreadPlan::default_for(n)
             }

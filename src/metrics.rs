@@ -19,9 +19,9 @@ pub struct Metrics {
     /// Talker waiting for the code predictor's frame (µs): the CP's time as the talker sees it.
     pub talker_wait: Histogram<u64>,
     /// Code predictor per frame: 15 sub-steps, sampling and the feedback embedding (µs).
-    pub cp_frame: Histogram<u64>,
+    pub code_predictor_frame: Histogram<u64>,
     /// Code predictor blocked on a full queue to the decoder (µs): backpressure.
-    pub cp_send_wait: Histogram<u64>,
+    pub code_predictor_send_wait: Histogram<u64>,
     /// Decoder per frame (a call's time over its frames, µs).
     pub decoder_frame: Histogram<u64>,
     /// Decoder waiting for codes (µs): starvation.
@@ -44,8 +44,8 @@ impl Default for Metrics {
             talker_prefill: hist(),
             talker_step: hist(),
             talker_wait: hist(),
-            cp_frame: hist(),
-            cp_send_wait: hist(),
+            code_predictor_frame: hist(),
+            code_predictor_send_wait: hist(),
             decoder_frame: hist(),
             decoder_wait: hist(),
             decoder_claim: hist(),
@@ -77,9 +77,9 @@ impl Metrics {
         [
             ("talker prefill", &self.talker_prefill),
             ("talker step", &self.talker_step),
-            ("talker wait (cp)", &self.talker_wait),
-            ("cp frame", &self.cp_frame),
-            ("cp send wait", &self.cp_send_wait),
+            ("talker wait (code predictor)", &self.talker_wait),
+            ("code predictor frame", &self.code_predictor_frame),
+            ("code predictor send wait", &self.code_predictor_send_wait),
             ("decoder frame", &self.decoder_frame),
             ("decoder wait", &self.decoder_wait),
             ("decoder claim", &self.decoder_claim),
@@ -92,8 +92,8 @@ impl Metrics {
             &mut self.talker_prefill,
             &mut self.talker_step,
             &mut self.talker_wait,
-            &mut self.cp_frame,
-            &mut self.cp_send_wait,
+            &mut self.code_predictor_frame,
+            &mut self.code_predictor_send_wait,
             &mut self.decoder_frame,
             &mut self.decoder_wait,
             &mut self.decoder_claim,

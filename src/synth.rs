@@ -4,7 +4,7 @@
 //! Contract: [`generate_codes`] runs the whole loop serially and hands each frame's 16 codes to the
 //! caller as soon as they exist; the caller may stop it after any frame. It is the reference the
 //! threaded pipeline is tested against and the serial baseline it is benchmarked against.
-//! Seeds: codebook 0 draws from `GenOptions::seed`, codebooks 1..15 from [`cp_seed`] of it, each
+//! Seeds: codebook 0 draws from `GenOptions::seed`, codebooks 1..15 from [`code_predictor_seed`] of it, each
 //! stream on its own generator, so a seed gives the same codes however the stages are threaded.
 
 use crate::code_predictor::CodePredictor;
@@ -22,7 +22,7 @@ pub enum Flow {
 }
 
 /// The seed of the code predictor's sampler for an utterance seeded with `seed`.
-pub fn cp_seed(seed: u64) -> u64 {
+pub fn code_predictor_seed(seed: u64) -> u64 {
     seed ^ 0x9E37_79B9_7F4A_7C15
 }
 
@@ -34,10 +34,10 @@ pub fn generate_codes(
     pool: &Threadpool,
     prompt: &Prompt,
     opts: &GenOptions,
-    cp_sampling: &SamplingParams,
+    code_predictor_sampling: &SamplingParams,
     on_frame: &mut dyn FnMut(&[u32; 16]) -> Flow,
 ) -> Result<StopReason, TalkerError> {
-    let mut sampler = Sampler::new(cp_seed(opts.seed));
+    let mut sampler = Sampler::new(code_predictor_seed(opts.seed));
     let mut embedded = vec![0.0; session.talker().n_embd()];
     let mut next = session.start(prompt, opts)?;
     loop {
@@ -49,7 +49,7 @@ pub fn generate_codes(
             pool,
             session.hidden(),
             code0,
-            &mut |_, logits| sampler.sample(logits, cp_sampling),
+            &mut |_, logits| sampler.sample(logits, code_predictor_sampling),
             None,
         )?;
         let mut codes = [0u32; 16];

@@ -85,7 +85,7 @@ fn synth_reproduces_the_oracle(tier: Option<qtts::kernels::Tier>) {
                 codes.to_str().unwrap(),
             ];
             if mode == "non-streaming" {
-                args.extend(["--cores", "2", "--cp-on-every-core"]);
+                args.extend(["--cores", "2", "--code-predictor-on-every-core"]);
             }
             if let Some(t) = tier {
                 args.extend(["--kernels", t.name()]);
@@ -509,7 +509,12 @@ fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
             .iter()
             .map(|s| s["name"].as_str().unwrap())
             .collect();
-        for want in ["talker step", "cp frame", "decoder frame", "talker prefill"] {
+        for want in [
+            "talker step",
+            "code predictor frame",
+            "decoder frame",
+            "talker prefill",
+        ] {
             assert!(stages.contains(&want), "{want} missing from {stages:?}");
         }
     }

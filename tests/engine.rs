@@ -320,7 +320,11 @@ fn dropping_the_engine_joins_its_threads_and_errors_are_typed() {
     for (borrow, cores) in [(vec![1], vec![1]), (vec![0], vec![0]), (vec![1], vec![0])] {
         let mut plan = ThreadPlan::lending(2);
         plan.talker.borrow.clear();
-        (plan.cp.borrow, plan.cp.cores, plan.decoder.cores) = (borrow, cores, vec![1]);
+        (
+            plan.code_predictor.borrow,
+            plan.code_predictor.cores,
+            plan.decoder.cores,
+        ) = (borrow, cores, vec![1]);
         let e = Engine::load(&files(&out), EngineConfig { plan, ..config() }).unwrap_err();
         assert!(matches!(e, qtts::engine::EngineError::Plan { .. }), "{e}");
         assert_eq!(threads_settled(before), before);

@@ -44,18 +44,18 @@ use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use crate::audio::{AudioError, AudioSink, FRAME_SAMPLES};
 use crate::code_predictor::CodePredictor;
 pub use crate::code_predictor::LayerKernel;
+use crate::decoder::{Decoder, DecoderError};
 use crate::error::ModelError;
 use crate::ffi::{CoreLoan, GgmlError, Reservation, Threadpool};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::metrics::{record, Metrics};
 use crate::sampling::{Sampler, SamplingParams};
-use crate::synth::cp_seed;
+use crate::synth::code_predictor_seed;
 pub use crate::talker::Runtime as TalkerRuntime;
 use crate::talker::{
     GenOptions, Next, Prompt, Session, StopReason, Talker, TalkerError, TextInput, TextMode, Voice,
 };
 use crate::text::split::{normalize, split, Cut};
-use crate::vocoder::{Vocoder, VocoderError};
 
 /// The two GGUF files of a model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +114,7 @@ pub struct ThreadPlan {
     /// The talker.
     pub talker: StagePlan,
     /// The code predictor.
-    pub cp: StagePlan,
+    pub code_predictor: StagePlan,
     /// The decoder.
     pub decoder: StagePlan,
 }
@@ -138,12 +138,12 @@ impl ThreadPlan {
         match n {
             0 | 1 => ThreadPlan {
                 talker: one(0),
-                cp: one(0),
+                code_predictor: one(0),
                 decoder: one(0),
             },
             2 => ThreadPlan {
                 talker: one(0),
-                cp: one(0),
+                code_predictor: one(0),
                 decoder: one(1),
             },
             n => {
@@ -156,7 +156,7 @@ impl ThreadPlan {
                 };
                 ThreadPlan {
                     talker: first.clone(),
-                    cp: first,
+                    code_predictor: first,
                     decoder: StagePlan {
                         cores: (a..n).collect(),
                         threads: n - a,
@@ -174,10 +174,10 @@ impl ThreadPlan {
     /// wakes. Faster where the machine runs nothing else (RTF 1.69 against 2.13 on 2 cores,
     /// PERFORMANCE.md), but any other busy program starves the decoder, the stage that feeds the
     /// speaker: not the default. The same as `for_cores` on one core.
-    pub fn cp_on_every_core(n: usize) -> Self {
+    pub fn code_predictor_on_every_core(n: usize) -> Self {
         let mut plan = Self::for_cores(n);
         if n >= 2 {
-            plan.cp = StagePlan {
+            plan.code_predictor = StagePlan {
                 cores: (0..n).collect(),
                 threads: n,
                 nice: 0,
@@ -201,8 +201,8 @@ impl ThreadPlan {
         }
         let mut plan = Self::for_cores(2);
         plan.talker.cores = vec![1];
-        plan.cp.cores = vec![1];
-        plan.cp.borrow = vec![0];
+        plan.code_predictor.cores = vec![1];
+        plan.code_predictor.borrow = vec![0];
         plan.talker.borrow = vec![0];
         plan.decoder.cores = vec![0];
         plan
@@ -211,7 +211,10 @@ impl ThreadPlan {
     /// Checks that what a stage borrows is the decoder's, not its own, and below its own cores
     /// (see [`StagePlan::borrow`]).
     fn check_loans(&self) -> Result<(), EngineError> {
-        for (stage, p) in [("talker", &self.talker), ("code predictor", &self.cp)] {
+        for (stage, p) in [
+            ("talker", &self.talker),
+            ("code predictor", &self.code_predictor),
+        ] {
             if p.borrow.is_empty() {
                 continue;
             }
@@ -235,7 +238,7 @@ impl ThreadPlan {
 
     /// Every core of the plan, sorted.
     pub fn all_cores(&self) -> Vec<usize> {
-        let mut all: Vec<usize> = [&self.talker, &self.cp, &self.decoder]
+        let mut all: Vec<usize> = [&self.talker, &self.code_predictor, &self.decoder]
             .iter()
             .flat_map(|p| p.cores.iter().copied())
             .collect();
@@ -270,7 +273,7 @@ impl ThreadPlan {
 pub enum DecoderWeights {
     /// f32, the heavy products on the host ([`crate::ffi::Context::conv_gemm`]): exact.
     F32,
-    /// bf16 ([`crate::vocoder::Products::HostBf16`]) on AMX tiles or with AVX-512 BF16 dot
+    /// bf16 ([`crate::decoder::Products::HostBf16`]) on AMX tiles or with AVX-512 BF16 dot
     /// products: 2-3x faster than f32 where the kernel tier has either, about 32 dB from f32 on
     /// random weights; an error elsewhere.
     Bf16,
@@ -298,13 +301,13 @@ impl DecoderWeights {
     }
 
     /// Loads the decoder from `f` this way (f32 when `exact`).
-    pub fn load(self, f: &GgufFile, exact: bool) -> Result<Vocoder, ModelError> {
+    pub fn load(self, f: &GgufFile, exact: bool) -> Result<Decoder, ModelError> {
         match (self, exact) {
-            (_, true) | (DecoderWeights::F32, _) => Vocoder::load(f),
+            (_, true) | (DecoderWeights::F32, _) => Decoder::load(f),
             (DecoderWeights::Bf16, _) => {
-                Vocoder::load_options(f, None, crate::vocoder::Products::HostBf16)
+                Decoder::load_options(f, None, crate::decoder::Products::HostBf16)
             }
-            (DecoderWeights::Q8_0, _) => Vocoder::load_with(f, Some(crate::gguf::GgmlType::Q8_0)),
+            (DecoderWeights::Q8_0, _) => Decoder::load_with(f, Some(crate::gguf::GgmlType::Q8_0)),
         }
     }
 
@@ -345,7 +348,7 @@ pub struct EngineConfig {
     /// ggml's). Files of f32 or f16 layers are not affected. Under [`LayerKernel::Packed`] the
     /// q8_0 sample heads of quantized files are packed too
     /// ([`crate::code_predictor::CodePredictor::pack_heads`]).
-    pub cp_kernel: LayerKernel,
+    pub code_predictor_kernel: LayerKernel,
     /// What runs the talker's layers: [`TalkerRuntime::fastest`] (the crate's own graph with the
     /// packed q4_K kernel where the CPU has AVX-512 VNNI, else llama.cpp).
     pub talker: TalkerRuntime,
@@ -368,7 +371,7 @@ impl Default for EngineConfig {
             decoder_chunk: 4,
             segment_tokens: crate::text::split::DEFAULT_MAX_TOKENS,
             q8_heads: false,
-            cp_kernel: LayerKernel::fastest(),
+            code_predictor_kernel: LayerKernel::fastest(),
             talker: TalkerRuntime::fastest(),
             decoder: DecoderWeights::fastest(),
             burst: true,
@@ -378,15 +381,15 @@ impl Default for EngineConfig {
 
 impl EngineConfig {
     /// The code predictor of `mmproj` as this configuration runs it: q8_0 heads when
-    /// `q8_heads`, its layer products by `cp_kernel`, and under [`LayerKernel::Packed`] its q8_0
+    /// `q8_heads`, its layer products by `code_predictor_kernel`, and under [`LayerKernel::Packed`] its q8_0
     /// heads packed too.
     fn load_code_predictor(&self, mmproj: &GgufFile) -> Result<CodePredictor, EngineError> {
         let mut cp = CodePredictor::load(mmproj)?;
         if self.q8_heads {
             cp.use_q8_heads()?;
         }
-        cp.set_layer_kernel(self.cp_kernel)?;
-        if self.cp_kernel == LayerKernel::Packed {
+        cp.set_layer_kernel(self.code_predictor_kernel)?;
+        if self.code_predictor_kernel == LayerKernel::Packed {
             cp.pack_heads();
         }
         Ok(cp)
@@ -405,7 +408,7 @@ pub struct Request {
     /// Codebook-0 sampling; `None`: the checkpoint's `generation_config.json`.
     pub sampling: Option<SamplingParams>,
     /// Codebooks 1..15 sampling; `None`: the checkpoint's `subtalker_*` settings.
-    pub cp_sampling: Option<SamplingParams>,
+    pub code_predictor_sampling: Option<SamplingParams>,
     /// Repetition penalty over codebook 0; `None`: the checkpoint's.
     pub repetition_penalty: Option<f32>,
     /// Seed; utterance `i` of a split text uses `seed + i`.
@@ -427,7 +430,7 @@ impl Request {
             voice: Voice::default(),
             mode: TextMode::Streaming,
             sampling: None,
-            cp_sampling: None,
+            code_predictor_sampling: None,
             repetition_penalty: None,
             seed: 0,
             max_frames: None,
@@ -439,7 +442,7 @@ impl Request {
     /// Greedy decoding of every codebook (reproduces the reference's greedy codes).
     pub fn greedy(mut self) -> Self {
         self.sampling = Some(SamplingParams::GREEDY);
-        self.cp_sampling = Some(SamplingParams::GREEDY);
+        self.code_predictor_sampling = Some(SamplingParams::GREEDY);
         self
     }
 }
@@ -456,7 +459,7 @@ pub enum EngineError {
     Model(#[from] ModelError),
     /// The decoder failed.
     #[error(transparent)]
-    Vocoder(#[from] VocoderError),
+    Decoder(#[from] DecoderError),
     /// ggml failed.
     #[error(transparent)]
     Ggml(#[from] GgmlError),
@@ -771,7 +774,7 @@ fn burst_pool(cfg: &EngineConfig, own: &StagePlan) -> Result<Option<Threadpool>,
 pub(crate) struct Utterance {
     pub prompt: Prompt,
     pub opts: GenOptions,
-    pub cp_sampling: SamplingParams,
+    pub code_predictor_sampling: SamplingParams,
     pub report: SegmentReport,
 }
 
@@ -783,8 +786,8 @@ pub(crate) fn plan_request(
 ) -> Result<Vec<Utterance>, EngineError> {
     let g = talker.generation_config();
     let sampling = req.sampling.unwrap_or_else(|| SamplingParams::talker(g));
-    let cp_sampling = req
-        .cp_sampling
+    let code_predictor_sampling = req
+        .code_predictor_sampling
         .unwrap_or_else(|| SamplingParams::code_predictor(g));
     let penalty = req
         .repetition_penalty
@@ -822,7 +825,7 @@ pub(crate) fn plan_request(
                     max_frames: req.max_frames,
                     min_frames: req.min_frames,
                 },
-                cp_sampling,
+                code_predictor_sampling,
                 report: SegmentReport {
                     text,
                     tokens: prompt.text_tokens,
@@ -843,7 +846,8 @@ impl Engine {
         if config.exact {
             files.check_exact()?;
         }
-        let lends = !(config.plan.talker.borrow.is_empty() && config.plan.cp.borrow.is_empty());
+        let lends =
+            !(config.plan.talker.borrow.is_empty() && config.plan.code_predictor.borrow.is_empty());
         let loan = lends.then(CoreLoan::new);
         let (job_tx, job_rx) = bounded::<Box<Job>>(1);
         let (cp_tx, cp_rx) = bounded::<CpMsg>(1);
@@ -1128,7 +1132,7 @@ fn run_job(
         let t = Instant::now();
         let mut next = session.start(&u.prompt, &u.opts);
         record(&mut metrics.talker_prefill, t.elapsed());
-        let mut reseed = Some((cp_seed(u.opts.seed), u.cp_sampling));
+        let mut reseed = Some((code_predictor_seed(u.opts.seed), u.code_predictor_sampling));
         let stop = loop {
             let code0 = match next? {
                 Next::Code(c) => c,
@@ -1193,8 +1197,8 @@ fn cp_thread(
     first_done: Receiver<()>,
 ) {
     let setup = (|| -> Result<(Threadpool, Option<Threadpool>, CodePredictor), EngineError> {
-        let pool = pin(&cfg.plan.cp, loan.as_ref())?;
-        let burst = burst_pool(&cfg, &cfg.plan.cp)?;
+        let pool = pin(&cfg.plan.code_predictor, loan.as_ref())?;
+        let burst = burst_pool(&cfg, &cfg.plan.code_predictor)?;
         let cp = cfg.load_code_predictor(&GgufFile::open(&files.mmproj)?)?;
         Ok((pool, burst, cp))
     })();
@@ -1242,7 +1246,7 @@ fn cp_thread(
                         cp.embed_frame(&codes, &mut embedded)?;
                         Ok(codes)
                     });
-                record(&mut metrics.cp_frame, t.elapsed());
+                record(&mut metrics.code_predictor_frame, t.elapsed());
                 let codes = match result {
                     Ok(c) => c,
                     Err(e) => {
@@ -1283,7 +1287,7 @@ fn cp_thread(
                 if sent.is_err() || (first && first_done.recv().is_err()) {
                     return;
                 }
-                record(&mut metrics.cp_send_wait, t.elapsed());
+                record(&mut metrics.code_predictor_send_wait, t.elapsed());
                 let frame = CpReply::Frame {
                     hidden,
                     embedded,
@@ -1318,7 +1322,7 @@ fn decoder_thread(
     rx: Receiver<DecMsg>,
     first_done: Sender<()>,
 ) {
-    let setup = (|| -> Result<(Threadpool, Option<Threadpool>, Vocoder), EngineError> {
+    let setup = (|| -> Result<(Threadpool, Option<Threadpool>, Decoder), EngineError> {
         let pool = pin(&cfg.plan.decoder, None)?;
         let burst = burst_pool(&cfg, &cfg.plan.decoder)?;
         let mut voc = cfg
@@ -1439,7 +1443,7 @@ fn decoder_thread(
 }
 
 fn decode_pending(
-    voc: &mut Vocoder,
+    voc: &mut Decoder,
     pool: &Threadpool,
     loan: Option<&CoreLoan>,
     a: &mut Active,
@@ -1475,7 +1479,7 @@ fn decode_pending(
 /// (shared by the decoder thread and [`serial::Serial`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_and_write(
-    voc: &mut Vocoder,
+    voc: &mut Decoder,
     pool: &Threadpool,
     loan: Option<&CoreLoan>,
     frames: &[[u32; 16]],
@@ -1589,11 +1593,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cp_on_every_core_shares_the_cores_and_idles_the_decoder() {
-        assert_eq!(ThreadPlan::cp_on_every_core(1), ThreadPlan::for_cores(1));
-        let (base, p) = (ThreadPlan::for_cores(2), ThreadPlan::cp_on_every_core(2));
+    fn code_predictor_on_every_core_shares_the_cores_and_idles_the_decoder() {
+        assert_eq!(
+            ThreadPlan::code_predictor_on_every_core(1),
+            ThreadPlan::for_cores(1)
+        );
+        let (base, p) = (
+            ThreadPlan::for_cores(2),
+            ThreadPlan::code_predictor_on_every_core(2),
+        );
         assert_eq!(p.talker, base.talker);
-        assert_eq!((p.cp.cores.as_slice(), p.cp.threads), (&[0, 1][..], 2));
+        assert_eq!(
+            (p.code_predictor.cores.as_slice(), p.code_predictor.threads),
+            (&[0, 1][..], 2)
+        );
         assert_eq!(
             (&p.decoder.cores, p.decoder.nice),
             (&base.decoder.cores, 20)
@@ -1609,8 +1622,11 @@ mod tests {
         let p = ThreadPlan::lending(2);
         p.check_loans().unwrap();
         assert_eq!((p.decoder.cores.as_slice(), p.decoder.nice), (&[0][..], 0));
-        assert_eq!((p.cp.cores.as_slice(), p.cp.threads), (&[1][..], 1));
-        assert_eq!(p.cp.borrow, vec![0]);
+        assert_eq!(
+            (p.code_predictor.cores.as_slice(), p.code_predictor.threads),
+            (&[1][..], 1)
+        );
+        assert_eq!(p.code_predictor.borrow, vec![0]);
         assert_eq!(
             (p.talker.cores.as_slice(), p.talker.borrow.as_slice()),
             (&[1][..], &[0][..])

@@ -9,19 +9,19 @@ use super::{
 };
 use crate::audio::{AudioSink, FRAME_SAMPLES};
 use crate::code_predictor::CodePredictor;
+use crate::decoder::Decoder;
 use crate::ffi::Threadpool;
 use crate::gguf::GgufFile;
 use crate::metrics::Metrics;
 use crate::synth::{generate_codes, Flow};
 use crate::talker::{Session, Talker};
-use crate::vocoder::Vocoder;
 
 /// The three stages on one thread.
 #[derive(Debug)]
 pub struct Serial {
     talker: Talker,
     cp: CodePredictor,
-    voc: Vocoder,
+    voc: Decoder,
     pool: Threadpool,
     config: EngineConfig,
 }
@@ -92,7 +92,7 @@ impl Serial {
                 pool,
                 &u.prompt,
                 &u.opts,
-                &u.cp_sampling,
+                &u.code_predictor_sampling,
                 &mut |codes| {
                     summary.frames += 1;
                     report.frames += 1;

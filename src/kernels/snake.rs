@@ -45,7 +45,7 @@ pub enum Kernel {
     Scalar,
     /// 8 lanes (AVX2).
     Avx2,
-    /// 16 lanes (AVX-512 F): 1.3x AVX2 on the decoder's rows (`cargo bench --bench vocoder`).
+    /// 16 lanes (AVX-512 F): 1.3x AVX2 on the decoder's rows (`cargo bench --bench decoder`).
     Avx512,
     /// 4 lanes (aarch64 NEON).
     Neon,

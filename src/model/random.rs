@@ -4,7 +4,7 @@
 //! inference does not depend on weight values, so benches and demos run on these.
 //! The initialisation follows the scheme of `../shared/oracle/oracle_common.py` (`oracle_init`):
 //! fan-in scaled normals, so that every activation stays O(1) and no branch is numerically
-//! invisible; the vocoder's residual branches are damped by 0.3 as there.
+//! invisible; the decoder's residual branches are damped by 0.3 as there.
 //! Values are not those of the oracle (a different generator): these files are for speed, the
 //! oracle's fixtures are for correctness.
 //!

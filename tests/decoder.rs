@@ -8,10 +8,10 @@ use common::max_abs;
 
 use std::collections::BTreeMap;
 
+use qtts::decoder::{Decoder, DecoderError, Products, CODEBOOKS};
 use qtts::ffi::Threadpool;
 use qtts::gguf::GgufFile;
 use qtts::model::convert::OutType;
-use qtts::vocoder::{Products, Vocoder, VocoderError, CODEBOOKS};
 
 /// Least signal-to-noise ratio of each decoder stage with bf16 products against f32, in dB.
 const BF16_MIN_SNR_DB: f64 = 25.0;
@@ -39,16 +39,16 @@ fn channel_major(v: &[f32], rows: usize) -> Vec<f32> {
     out
 }
 
-fn load(name: &str) -> (tempfile::TempDir, Vocoder, BTreeMap<String, Vec<f32>>) {
+fn load(name: &str) -> (tempfile::TempDir, Decoder, BTreeMap<String, Vec<f32>>) {
     let (tmp, out) = common::convert_tiny(name, OutType::F32);
-    let voc = Vocoder::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+    let voc = Decoder::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
     let o = common::oracle(&common::fixture(name).join("oracle/decoder.safetensors"));
     (tmp, voc, o.into_iter().collect())
 }
 
 /// Decodes `codes` from a fresh state in chunks of the given sizes (cycled).
 fn decode(
-    voc: &mut Vocoder,
+    voc: &mut Decoder,
     pool: &Threadpool,
     codes: &[[u32; CODEBOOKS]],
     sizes: &[usize],
@@ -119,7 +119,7 @@ fn stages_and_waveform_match_the_oracle() {
                 "{name}: stage {stage} off by {e} (peak {peak})"
             );
         }
-        assert_eq!(got.len(), qtts::vocoder::STAGES.len());
+        assert_eq!(got.len(), qtts::decoder::STAGES.len());
         let e_pre = max_abs(&got["decoder.6"], &o["wav_preclamp"]);
         let e = max_abs(&wav, &o["wav"]);
         eprintln!("{name}: wav_preclamp {e_pre:.2e}; wav {e:.2e}");
@@ -158,7 +158,7 @@ fn streaming_in_any_chunks_equals_one_shot() {
     worst = worst.max(max_abs(&got, &whole));
     eprintln!("streaming vs one-shot: max abs difference {worst:e}");
     assert!(worst <= 1e-5);
-    // The same vocoder, reset, gives the same samples again.
+    // The same decoder, reset, gives the same samples again.
     voc.set_max_chunk(FRAMES);
     assert_eq!(decode(&mut voc, &pool, &codes, &[FRAMES]), whole);
 }
@@ -176,7 +176,7 @@ fn out_of_range_codes_are_rejected_before_compute() {
     bad[2][7] = 2048;
     assert_eq!(
         voc.decode_frames(&pool, &bad, &mut out),
-        Err(VocoderError::CodeOutOfRange {
+        Err(DecoderError::CodeOutOfRange {
             frame: 2,
             codebook: 7,
             code: 2048,
@@ -186,7 +186,7 @@ fn out_of_range_codes_are_rejected_before_compute() {
     assert_eq!(voc.frames(), 1, "the state did not move");
     assert_eq!(
         voc.decode_frames(&pool, &codes[1..4], &mut out[..spf]),
-        Err(VocoderError::OutputTooShort {
+        Err(DecoderError::OutputTooShort {
             expected: 3 * spf,
             found: spf
         })
@@ -229,7 +229,7 @@ fn reduced_precision_files_decode_close_to_the_oracle() {
     // weights amplify rounding: the manifest puts the oracle's own bf16 run 0.105 off its f32 run.
     for (ty, tol) in [(OutType::F16, 2e-2), (OutType::Q8_0, 0.15)] {
         let (_tmp, out) = common::convert_tiny("tiny", ty);
-        let mut voc = Vocoder::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
+        let mut voc = Decoder::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
         let wav = decode(&mut voc, &pool, &codes, &[1, 4]);
         let e = max_abs(&wav, &o["wav"]);
         eprintln!("{ty:?}: wav max abs error {e:.2e}");
@@ -239,8 +239,8 @@ fn reduced_precision_files_decode_close_to_the_oracle() {
     // its signal-to-noise ratio against the exact decode reported.
     let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
     let f = GgufFile::open(&out.mmproj).unwrap();
-    let exact = decode(&mut Vocoder::load(&f).unwrap(), &pool, &codes, &[1, 4]);
-    let mut q8 = Vocoder::load_with(&f, Some(qtts::gguf::GgmlType::Q8_0)).unwrap();
+    let exact = decode(&mut Decoder::load(&f).unwrap(), &pool, &codes, &[1, 4]);
+    let mut q8 = Decoder::load_with(&f, Some(qtts::gguf::GgmlType::Q8_0)).unwrap();
     let wav = decode(&mut q8, &pool, &codes, &[1, 4]);
     let e = max_abs(&wav, &o["wav"]);
     let snr = qtts::metrics::snr_db(&exact, &wav);
@@ -301,7 +301,7 @@ fn full_size_decoder_streams_the_same_in_any_chunking() {
         }
         v
     };
-    let run = |voc: &mut Vocoder, sizes: &[usize]| {
+    let run = |voc: &mut Decoder, sizes: &[usize]| {
         voc.set_max_chunk(*sizes.iter().max().unwrap());
         voc.reset().unwrap();
         voc.set_capture(true);
@@ -332,19 +332,19 @@ fn full_size_decoder_streams_the_same_in_any_chunking() {
     use qtts::kernels::bf16::Kernel;
     for products in [None, Some(Kernel::Amx), Some(Kernel::Avx512)] {
         let mut voc = match products {
-            None => Vocoder::load_options(&f, None, Products::HostF32).unwrap(),
+            None => Decoder::load_options(&f, None, Products::HostF32).unwrap(),
             Some(k) if !k.available() => {
                 eprintln!("bf16 products by {k:?}: skipped, this CPU lacks the instructions");
                 continue;
             }
-            Some(k) => Vocoder::load_bf16(&f, k).unwrap(),
+            Some(k) => Decoder::load_bf16(&f, k).unwrap(),
         };
         let whole = run(&mut voc, &[N]);
         // bf16 products: every stage close to the exact one (8 significant bits per factor,
         // compounded through the stages), and not equal to it (the matrices were packed).
         let mut vs_f32 = BTreeMap::new();
         if let Some(exact) = &exact {
-            for stage in qtts::vocoder::STAGES {
+            for stage in qtts::decoder::STAGES {
                 let snr = qtts::metrics::snr_db(&exact[stage], &whole[stage]);
                 eprintln!("full-size decoder, {stage}: bf16 products {snr:.1} dB from f32");
                 assert!(
@@ -360,7 +360,7 @@ fn full_size_decoder_streams_the_same_in_any_chunking() {
             ("random chunks", random.clone()),
         ] {
             let got = run(&mut voc, &sizes);
-            for stage in qtts::vocoder::STAGES {
+            for stage in qtts::decoder::STAGES {
                 let (a, b) = (&whole[stage], &got[stage]);
                 assert_eq!(a.len(), b.len(), "{stage}");
                 let peak = a.iter().fold(0f32, |m, x| m.max(x.abs()));

@@ -8,20 +8,20 @@
 //! the file carries (`qtts.hf.speech_tokenizer_config_json`), else the released one.
 //!
 //! Contract:
-//! - The decoder is causal with zero lookahead, and [`Vocoder`] is stateful: each frame's samples
+//! - The decoder is causal with zero lookahead, and [`Decoder`] is stateful: each frame's samples
 //!   are final when the frame is decoded, and decoding frame by frame or in chunks of any size gives
 //!   the same samples as decoding the whole utterance at once (MODEL-NOTES.md §5.1).
 //!   The state is the left context of every causal conv (its last `(k − 1)·dilation` input rows),
 //!   the overlap tail of every transposed conv whose kernel is longer than its stride, the keys and
 //!   values of the transformer's last `window − 1` frames, and the frame counter (RoPE positions).
 //!   It lives in a ggml context of its own; each graph reads it and writes it back.
-//! - [`Vocoder::load`] copies the weights into a ggml context (in the file's types; transposed-conv
+//! - [`Decoder::load`] copies the weights into a ggml context (in the file's types; transposed-conv
 //!   kernels split into the matrices of their current and next output blocks) and builds the graph
-//!   of a one-frame chunk. Graphs of longer chunks (up to [`Vocoder::max_chunk`] frames) are built
-//!   the first time such a chunk is decoded, which allocates. Per call, [`Vocoder::decode_frames`]
+//!   of a one-frame chunk. Graphs of longer chunks (up to [`Decoder::max_chunk`] frames) are built
+//!   the first time such a chunk is decoded, which allocates. Per call, [`Decoder::decode_frames`]
 //!   allocates only the short name strings of ggml's tensor lookups (and the recorded stages when
 //!   capturing), never activation memory.
-//! - [`Vocoder::decode_frames`] blocks the calling thread for the compute, on the caller's
+//! - [`Decoder::decode_frames`] blocks the calling thread for the compute, on the caller's
 //!   threadpool, and writes into the caller's buffer.
 //! - Convs are im2col columns times the kernel matrix; depthwise convs and the trimmed transposed
 //!   convs are sums of shifted rows; SnakeBeta is one fused pass ([`crate::kernels::snake`]). Intermediate
@@ -50,7 +50,7 @@ const K7: usize = 7;
 pub const HOST_MIN_ROWS: usize = 32;
 
 /// How the decoder computes the products of its residual units, post-conv and upsampling convs
-/// that see at least [`HOST_MIN_ROWS`] rows per frame (see [`Vocoder::load_options`]).
+/// that see at least [`HOST_MIN_ROWS`] rows per frame (see [`Decoder::load_options`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Products {
     /// ggml's `im2col` and `mul_mat` in the file's type: the benches' baseline.
@@ -64,7 +64,7 @@ pub enum Products {
     HostBf16,
 }
 
-/// Stages a capture records (see [`Vocoder::set_capture`]), each `[channels, rows]` with the
+/// Stages a capture records (see [`Decoder::set_capture`]), each `[channels, rows]` with the
 /// channel index fastest (time-major), so chunks concatenate.
 pub const STAGES: &[&str] = &[
     "quantized",
@@ -83,10 +83,10 @@ pub const STAGES: &[&str] = &[
     "decoder.6",
 ];
 
-/// Failures of [`Vocoder::decode_frames`].
+/// Failures of [`Decoder::decode_frames`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum VocoderError {
+pub enum DecoderError {
     /// A code is not below the codebook size.
     /// The codes come from a broken upstream stage: fix it; the decoder's state is unchanged.
     #[error("frame {frame}, codebook {codebook}: code {code} is not below {codebook_size}")]
@@ -109,12 +109,12 @@ pub enum VocoderError {
         /// Samples given.
         found: usize,
     },
-    /// ggml failed; the stream's state may be partly updated: [`Vocoder::reset`] before reuse.
+    /// ggml failed; the stream's state may be partly updated: [`Decoder::reset`] before reuse.
     #[error(transparent)]
     Ggml(#[from] GgmlError),
 }
 
-/// What one [`Vocoder::decode_frames`] call wrote.
+/// What one [`Decoder::decode_frames`] call wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Decoded {
     /// Samples written (frames × samples per frame).
@@ -238,11 +238,11 @@ impl Geometry {
 
 /// The stateful decoder of one stream: weights, graphs and the stream's state.
 #[derive(Debug)]
-pub struct Vocoder {
+pub struct Decoder {
     geometry: Geometry,
     /// Graph of a chunk of `i + 1` frames, once built; dropped before `state` and `weights`.
     graphs: Vec<Option<OwnedGraph>>,
-    /// Names of the state tensors in `state`, for [`Vocoder::reset`].
+    /// Names of the state tensors in `state`, for [`Decoder::reset`].
     state_names: Vec<String>,
     /// Frames decoded since the last reset (the next frame's RoPE position).
     pos: usize,
@@ -252,7 +252,7 @@ pub struct Vocoder {
     capture: Option<BTreeMap<&'static str, Vec<f32>>>,
     /// SnakeBeta as one fused pass (default) or as five ggml ops (the benches' baseline).
     fused_snake: bool,
-    /// Products by [`Context::conv_gemm`] where the weights allow (see [`Vocoder::load_options`]).
+    /// Products by [`Context::conv_gemm`] where the weights allow (see [`Decoder::load_options`]).
     host: bool,
     /// The kernel of the bf16 products, when the matrices are bf16.
     bf16: Option<bf16::Kernel>,
@@ -280,7 +280,7 @@ struct Loader<'f> {
     f: &'f GgufFile,
     w: Context,
     /// Store conv, transposed-conv and linear matrices in this type when their rows are whole
-    /// blocks (see [`Vocoder::load_with`]).
+    /// blocks (see [`Decoder::load_with`]).
     matrices: Option<GgmlType>,
     /// Store the matrices of the host products (see [`Loader::conv`] and [`Loader::transposed`])
     /// as f32, convs in tap-major order.
@@ -483,14 +483,14 @@ impl Loader<'_> {
     }
 }
 
-impl Vocoder {
+impl Decoder {
     /// Loads the decoder from a validated mmproj file (see [`crate::model::validate::check_mmproj`]),
     /// with a fresh stream state.
     pub fn load(f: &GgufFile) -> Result<Self, ModelError> {
         Self::load_with(f, None)
     }
 
-    /// As [`Vocoder::load`], storing the conv, transposed-conv and linear matrices as `matrices`
+    /// As [`Decoder::load`], storing the conv, transposed-conv and linear matrices as `matrices`
     /// (`Some(GgmlType::Q8_0)`: ggml's integer dot products, a quarter of f32's memory, not exact;
     /// see PERFORMANCE.md) where their rows are whole blocks and the file has them as f32 or f16.
     /// Norms, biases, SnakeBeta, codebooks and depthwise taps stay f32.
@@ -502,7 +502,7 @@ impl Vocoder {
         Self::load_options(f, matrices, products)
     }
 
-    /// As [`Vocoder::load_with`], choosing how the products of the residual units, the
+    /// As [`Decoder::load_with`], choosing how the products of the residual units, the
     /// post-conv and the upsampling convs that see at least [`HOST_MIN_ROWS`] rows per frame are
     /// computed ([`Products`]; [`Products::HostF32`] is the default when `matrices` is `None`: 2-3x
     /// faster than ggml's f32 products here, see PERFORMANCE.md). `products` is ignored where
@@ -528,7 +528,7 @@ impl Vocoder {
         Self::load_by(f, None, Products::HostBf16, kernel, tier)
     }
 
-    /// [`Vocoder::load_options`] with the bf16 products by `kernel` (`None`: this CPU or tier has
+    /// [`Decoder::load_options`] with the bf16 products by `kernel` (`None`: this CPU or tier has
     /// none).
     fn load_by(
         f: &GgufFile,
@@ -714,7 +714,7 @@ impl Vocoder {
         for (name, ne) in &shapes {
             state.new_f32(ne).map_err(ModelError::from)?.set_name(name);
         }
-        let mut v = Vocoder {
+        let mut v = Decoder {
             geometry: g,
             graphs: Vec::new(),
             state_names: shapes.into_iter().map(|(n, _)| n).collect(),
@@ -847,19 +847,19 @@ impl Vocoder {
     /// Decodes `codes` (one `[c0..c15]` per frame) into `out`, `samples_per_frame` samples per
     /// frame, continuing the stream. Non-finite samples are written as 0 and counted.
     ///
-    /// Codes are checked before any compute; on [`VocoderError::CodeOutOfRange`] nothing changes.
+    /// Codes are checked before any compute; on [`DecoderError::CodeOutOfRange`] nothing changes.
     pub fn decode_frames(
         &mut self,
         pool: &Threadpool,
         codes: &[[u32; CODEBOOKS]],
         out: &mut [f32],
-    ) -> Result<Decoded, VocoderError> {
+    ) -> Result<Decoded, DecoderError> {
         let spf = self.geometry.samples_per_frame;
         let size = self.geometry.codebook_size;
         for (frame, f) in codes.iter().enumerate() {
             if let Some((codebook, &code)) = f.iter().enumerate().find(|(_, &c)| c as usize >= size)
             {
-                return Err(VocoderError::CodeOutOfRange {
+                return Err(DecoderError::CodeOutOfRange {
                     frame,
                     codebook,
                     code,
@@ -868,7 +868,7 @@ impl Vocoder {
             }
         }
         if out.len() < codes.len() * spf {
-            return Err(VocoderError::OutputTooShort {
+            return Err(DecoderError::OutputTooShort {
                 expected: codes.len() * spf,
                 found: out.len(),
             });
@@ -962,7 +962,7 @@ struct Builder<'a> {
     writes: Vec<Tensor<'a>>,
     fused_snake: bool,
     host: bool,
-    /// The kernel of the bf16 products ([`Vocoder::bf16_kernel`]).
+    /// The kernel of the bf16 products ([`Decoder::bf16_kernel`]).
     bf16: Option<bf16::Kernel>,
 }
 
@@ -1184,7 +1184,7 @@ fn build_chunk(
     bf16: Option<bf16::Kernel>,
 ) -> Result<OwnedGraph, GgmlError> {
     // SAFETY: the graph reads the weights of `w` and reads and writes the state of `s`, which
-    // `Vocoder` owns, never resets (reset only writes values) and drops after its graphs.
+    // `Decoder` owns, never resets (reset only writes values) and drops after its graphs.
     unsafe {
         OwnedGraph::build_allocated(keep_stages.then_some("stage."), |c| {
             build_nodes(

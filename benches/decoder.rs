@@ -5,16 +5,16 @@
 //! against the five ggml ops it replaced (`snakebeta` group), host f32 and q8_0 matrices, 1
 //! thread, 1 frame per call. Then SnakeBeta's row kernels alone (`snakebeta rows` group).
 //!
-//! Run with: `QTTS_BENCH_MODELS=<dir with mmproj-f32.gguf, mmproj-f16.gguf> cargo bench --bench vocoder`
+//! Run with: `QTTS_BENCH_MODELS=<dir with mmproj-f32.gguf, mmproj-f16.gguf> cargo bench --bench decoder`
 //! (without it, the models are made once under the target directory, as in `benches/code_predictor.rs`).
 
 mod common;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use qtts::decoder::{Decoder, Products};
 use qtts::ffi::Threadpool;
 use qtts::gguf::GgufFile;
 use qtts::model::convert::OutType;
-use qtts::vocoder::{Products, Vocoder};
 
 fn bench(c: &mut Criterion) {
     let dir = common::models(&[OutType::F32, OutType::F16]);
@@ -62,8 +62,8 @@ fn bench(c: &mut Criterion) {
         let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
         let q8 = q8.then_some(qtts::gguf::GgmlType::Q8_0);
         let mut voc = match bf16 {
-            Some(k) => Vocoder::load_bf16(&f, k).unwrap(),
-            None => Vocoder::load_options(&f, q8, products).unwrap(),
+            Some(k) => Decoder::load_bf16(&f, k).unwrap(),
+            None => Decoder::load_options(&f, q8, products).unwrap(),
         };
         for threads in [1, 2] {
             let pool = Threadpool::new(threads, &[]).unwrap();
@@ -96,7 +96,7 @@ fn bench(c: &mut Criterion) {
     let pool = Threadpool::new(1, &[]).unwrap();
     for q8 in [false, true] {
         let f = GgufFile::open(dir.join("mmproj-f32.gguf")).unwrap();
-        let mut voc = Vocoder::load_with(&f, q8.then_some(qtts::gguf::GgmlType::Q8_0)).unwrap();
+        let mut voc = Decoder::load_with(&f, q8.then_some(qtts::gguf::GgmlType::Q8_0)).unwrap();
         for fused in [false, true] {
             voc.set_fused_snake(fused);
             let name = format!(
