@@ -22,10 +22,11 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 use crate::audio::{ring, PacedDevice, FRAME_SAMPLES, SAMPLE_RATE};
-use crate::engine::{Engine, EngineConfig, EngineError, ModelFiles, Request};
+use crate::engine::{Engine, EngineConfig, EngineError, Request};
 use crate::metrics::Metrics;
 use crate::model::config::Preset;
 use crate::model::convert::{convert, OutType};
+use crate::model::ModelFiles;
 use crate::ModelError;
 
 /// Device period of the paced sink: 20 ms (480 samples), a common audio-server period.

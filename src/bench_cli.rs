@@ -288,7 +288,7 @@ pub struct RunArgs {
 
 /// `qtts bench-run`.
 pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
-    let files = qtts::engine::ModelFiles {
+    let files = qtts::model::ModelFiles {
         talker: a.talker.clone(),
         mmproj: a.mmproj.clone(),
     };

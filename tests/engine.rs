@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use common::max_abs;
 use qtts::audio::{AudioError, AudioSink, MemorySink};
 use qtts::engine::serial::Serial;
-use qtts::engine::{downcast_sink, Engine, EngineConfig, ModelFiles, Request, ThreadPlan};
+use qtts::engine::{downcast_sink, Engine, EngineConfig, Request, ThreadPlan};
 use qtts::model::convert::OutType;
+use qtts::model::ModelFiles;
 use qtts::talker::{StopReason, TextInput, TextMode, Voice};
 
 /// The tests of this file count the process's threads: they run one at a time.

@@ -10,11 +10,11 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::engine::ModelFiles;
 use crate::error::ModelError;
 use crate::gguf::{GgufFile, Value};
 use crate::model::config::{ModelType, TtsConfig};
 use crate::model::convert::{OutType, KEY_HF_CONFIG};
+use crate::model::ModelFiles;
 
 /// A usable model and what it is.
 #[derive(Debug, Clone, PartialEq)]

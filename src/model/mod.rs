@@ -5,8 +5,11 @@ pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod convert;
+pub mod files;
 pub mod find;
 pub mod layout;
 pub mod random;
 pub mod testing;
 pub mod validate;
+
+pub use files::ModelFiles;

@@ -1,0 +1,141 @@
+//! The engine's settings: [`EngineConfig`] and the decoder's weight format.
+
+use super::error::EngineError;
+use super::plan::ThreadPlan;
+use crate::code_predictor::CodePredictor;
+use crate::code_predictor::LayerKernel;
+use crate::decoder::Decoder;
+use crate::error::ModelError;
+use crate::gguf::GgufFile;
+use crate::talker::Runtime as TalkerRuntime;
+
+/// How the decoder stores its matrices and computes their products (PERFORMANCE.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecoderWeights {
+    /// f32, the heavy products on the host ([`crate::ffi::Context::conv_gemm`]): exact.
+    F32,
+    /// bf16 ([`crate::decoder::Products::HostBf16`]) on AMX tiles or with AVX-512 BF16 dot
+    /// products: 2-3x faster than f32 where the kernel tier has either, about 32 dB from f32 on
+    /// random weights; an error elsewhere.
+    Bf16,
+    /// q8_0 through ggml: a quarter of f32's memory, about 19 dB from f32 on random weights,
+    /// slower than the host products.
+    Q8_0,
+}
+
+impl DecoderWeights {
+    /// [`DecoderWeights::fastest_for`] the process's kernel tier.
+    pub fn fastest() -> Self {
+        Self::fastest_for(crate::kernels::active())
+    }
+
+    /// bf16 where `tier` has a bf16 kernel that is faster than the f32 products (AMX tiles, or
+    /// AVX-512 BF16 where `vdpbf16ps` outruns f32 FMA, [`crate::kernels::Features::bf16_dot_fast`]),
+    /// else f32 (exact).
+    pub fn fastest_for(tier: crate::kernels::Tier) -> Self {
+        let caps = tier.caps();
+        if caps.amx_bf16 || (caps.avx512_bf16 && caps.bf16_dot_fast) {
+            DecoderWeights::Bf16
+        } else {
+            DecoderWeights::F32
+        }
+    }
+
+    /// Loads the decoder from `f` this way (f32 when `exact`).
+    pub fn load(self, f: &GgufFile, exact: bool) -> Result<Decoder, ModelError> {
+        match (self, exact) {
+            (_, true) | (DecoderWeights::F32, _) => Decoder::load(f),
+            (DecoderWeights::Bf16, _) => {
+                Decoder::load_options(f, None, crate::decoder::Products::HostBf16)
+            }
+            (DecoderWeights::Q8_0, _) => Decoder::load_with(f, Some(crate::gguf::GgmlType::Q8_0)),
+        }
+    }
+
+    /// The name `qtts` takes and prints: `f32`, `bf16`, `q8_0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecoderWeights::F32 => "f32",
+            DecoderWeights::Bf16 => "bf16",
+            DecoderWeights::Q8_0 => "q8_0",
+        }
+    }
+}
+
+/// Engine settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Threads and cores.
+    pub plan: ThreadPlan,
+    /// Talker context in positions (prompt plus frames of one utterance): 2048.
+    pub n_ctx: usize,
+    /// f32 KV cache with flash attention off, and the f32 decoder whatever `decoder` says
+    /// (matches the f32 reference; twice the KV memory).
+    pub exact: bool,
+    /// Frames queued between the code predictor and the decoder: 4 (320 ms of audio).
+    pub codes_queue: usize,
+    /// Frames per decoder call after the first frame of an utterance: 4 (audio in 320 ms
+    /// pieces). The decoder reads its small-row products' weights once per call, so longer chunks
+    /// hold its core for less time per frame, at the cost of activation memory (from 2 to 4:
+    /// RTF 0.64 → 0.54, peak RSS 820 → 865 MiB over 60 s; PERFORMANCE.md, "Four frames per
+    /// decoder call, measured again").
+    pub decoder_chunk: usize,
+    /// Text tokens per utterance when splitting long text: [`crate::text::split::DEFAULT_MAX_TOKENS`].
+    pub segment_tokens: usize,
+    /// The code predictor's output heads on q8_0 rows (faster, not bit-exact).
+    pub q8_heads: bool,
+    /// What computes the code predictor's q4_K, q5_K and q8_0 layer products:
+    /// [`LayerKernel::fastest`] (rows packed for AVX-512 VNNI where the CPU has it, else
+    /// ggml's). Files of f32 or f16 layers are not affected. Under [`LayerKernel::Packed`] the
+    /// q8_0 sample heads of quantized files are packed too
+    /// ([`crate::code_predictor::CodePredictor::pack_heads`]).
+    pub code_predictor_kernel: LayerKernel,
+    /// What runs the talker's layers: [`TalkerRuntime::fastest`] (the crate's own graph with the
+    /// packed q4_K kernel where the CPU has AVX-512 VNNI, else llama.cpp).
+    pub talker: TalkerRuntime,
+    /// The decoder's matrices: [`DecoderWeights::fastest`] (bf16 where the CPU has AMX, else f32).
+    /// `exact` overrides it with f32.
+    pub decoder: DecoderWeights,
+    /// Run each utterance's first frame on every core of the plan, one stage after the other: the
+    /// talker's prefill, the code predictor, then the decoder while the others wait. A shorter
+    /// time to first audio, for about one decoder frame of delay to the second frame.
+    pub burst: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            plan: ThreadPlan::detect(),
+            n_ctx: 2048,
+            exact: false,
+            codes_queue: 4,
+            decoder_chunk: 4,
+            segment_tokens: crate::text::split::DEFAULT_MAX_TOKENS,
+            q8_heads: false,
+            code_predictor_kernel: LayerKernel::fastest(),
+            talker: TalkerRuntime::fastest(),
+            decoder: DecoderWeights::fastest(),
+            burst: true,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The code predictor of `mmproj` as this configuration runs it: q8_0 heads when
+    /// `q8_heads`, its layer products by `code_predictor_kernel`, and under [`LayerKernel::Packed`] its q8_0
+    /// heads packed too.
+    pub(super) fn load_code_predictor(
+        &self,
+        mmproj: &GgufFile,
+    ) -> Result<CodePredictor, EngineError> {
+        let mut cp = CodePredictor::load(mmproj)?;
+        if self.q8_heads {
+            cp.use_q8_heads()?;
+        }
+        cp.set_layer_kernel(self.code_predictor_kernel)?;
+        if self.code_predictor_kernel == LayerKernel::Packed {
+            cp.pack_heads();
+        }
+        Ok(cp)
+    }
+}

@@ -1,0 +1,243 @@
+//! The decoder's thread: codes to samples, written to the request's sink.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::config::EngineConfig;
+use super::error::EngineError;
+use super::plan::burst_pool;
+use super::plan::pin;
+use super::protocol::announce;
+use super::protocol::DecoderMsg;
+use super::protocol::EndMsg;
+use super::protocol::Ready;
+use super::synthesis::Finished;
+use super::synthesis::Summary;
+use crate::audio::{AudioError, AudioSink, FRAME_SAMPLES};
+use crate::decoder::Decoder;
+use crate::ffi::{CoreLoan, Threadpool};
+use crate::gguf::GgufFile;
+use crate::metrics::{record, Metrics};
+use crate::model::ModelFiles;
+use crate::talker::StopReason;
+
+/// The decoder's state for one request.
+struct Active {
+    sink: Box<dyn AudioSink>,
+    cancel: Arc<AtomicBool>,
+    started: Instant,
+    keep_codes: bool,
+    done: Sender<Finished>,
+    error: Option<EngineError>,
+    pending: Vec<[u32; 16]>,
+    chunk: usize,
+    summary: Summary,
+}
+
+pub(super) fn run(
+    files: ModelFiles,
+    cfg: EngineConfig,
+    loan: Option<Arc<CoreLoan>>,
+    ready: Ready,
+    rx: Receiver<DecoderMsg>,
+    first_done: Sender<()>,
+) {
+    let setup = (|| -> Result<(Threadpool, Option<Threadpool>, Decoder), EngineError> {
+        let pool = pin(&cfg.plan.decoder, None)?;
+        let burst = burst_pool(&cfg, &cfg.plan.decoder)?;
+        let mut voc = cfg
+            .decoder
+            .load(&GgufFile::open(&files.mmproj)?, cfg.exact)?;
+        voc.set_max_chunk(cfg.decoder_chunk.max(1));
+        Ok((pool, burst, voc))
+    })();
+    let Some((pool, burst, mut voc)) = announce(ready, setup) else {
+        return;
+    };
+    let chunk = cfg.decoder_chunk.max(1);
+    let mut pcm = vec![0.0f32; chunk * FRAME_SAMPLES];
+    let mut active: Option<Active> = None;
+    let mut metrics = Metrics::default();
+    loop {
+        let t = Instant::now();
+        let Ok(msg) = rx.recv() else { return };
+        let waited = t.elapsed();
+        match msg {
+            DecoderMsg::Begin {
+                mut sink,
+                cancel,
+                started,
+                keep_codes,
+                done,
+            } => {
+                let error = sink.begin().err().map(EngineError::from);
+                metrics = Metrics::default();
+                active = Some(Active {
+                    sink,
+                    cancel,
+                    started,
+                    keep_codes,
+                    done,
+                    error,
+                    pending: Vec::with_capacity(chunk),
+                    chunk: 1,
+                    summary: Summary::empty(),
+                });
+            }
+            DecoderMsg::SegmentStart => {
+                if let Some(a) = active.as_mut() {
+                    if let Err(e) = voc.reset() {
+                        a.error.get_or_insert(e.into());
+                    }
+                    a.pending.clear();
+                    a.chunk = 1;
+                }
+            }
+            DecoderMsg::Frame(codes) | DecoderMsg::FirstFrame(codes) => {
+                let first = matches!(msg, DecoderMsg::FirstFrame(_));
+                if let Some(a) = active.as_mut() {
+                    record(&mut metrics.decoder_wait, waited);
+                    a.summary.frames += 1;
+                    if a.keep_codes {
+                        a.summary.codes.push(codes);
+                    }
+                    a.pending.push(codes);
+                    if a.pending.len() >= a.chunk {
+                        let on = match (&burst, first) {
+                            (Some(b), true) => b,
+                            _ => &pool,
+                        };
+                        let loan = loan.as_deref();
+                        decode_pending(&mut voc, on, loan, a, &mut pcm, &mut metrics);
+                        a.chunk = chunk;
+                    }
+                }
+                // The code predictor waits for this, whatever became of the frame.
+                if first && first_done.send(()).is_err() {
+                    return;
+                }
+            }
+            DecoderMsg::SegmentEnd => {
+                if let Some(a) = active.as_mut() {
+                    let loan = loan.as_deref();
+                    decode_pending(&mut voc, &pool, loan, a, &mut pcm, &mut metrics);
+                }
+            }
+            DecoderMsg::End(end) => {
+                let Some(mut a) = active.take() else { continue };
+                a.summary.generated = a.started.elapsed();
+                let cancelled = a.cancel.load(Ordering::Acquire);
+                if let Err(e) = a.sink.end(&a.cancel) {
+                    if !cancelled {
+                        a.error.get_or_insert(e.into());
+                    }
+                }
+                let EndMsg {
+                    result,
+                    segments,
+                    metrics: mut m,
+                } = *end;
+                m.merge(&metrics);
+                let mut s = a.summary;
+                s.elapsed = a.started.elapsed();
+                s.non_finite = voc.non_finite();
+                s.stop = if cancelled {
+                    StopReason::Cancelled
+                } else {
+                    segments
+                        .last()
+                        .map(|r| r.stop)
+                        .unwrap_or(StopReason::Cancelled)
+                };
+                s.segments = segments;
+                s.metrics = m;
+                let result = match (result, a.error) {
+                    (Err(e), _) => Err(e),
+                    (Ok(()), Some(e)) => Err(e),
+                    (Ok(()), None) => Ok(s),
+                };
+                let _ = a.done.send((result, a.sink));
+            }
+        }
+    }
+}
+
+fn decode_pending(
+    voc: &mut Decoder,
+    pool: &Threadpool,
+    loan: Option<&CoreLoan>,
+    a: &mut Active,
+    pcm: &mut [f32],
+    metrics: &mut Metrics,
+) {
+    if a.error.is_none() && !a.cancel.load(Ordering::Acquire) {
+        let sink = &mut *a.sink;
+        let (cancel, started) = (&*a.cancel, a.started);
+        match decode_and_write(
+            voc,
+            pool,
+            loan,
+            &a.pending,
+            pcm,
+            sink,
+            cancel,
+            started,
+            &mut a.summary,
+            metrics,
+        ) {
+            Ok(()) | Err(EngineError::Audio(AudioError::Cancelled)) => {}
+            Err(e) => {
+                a.error.get_or_insert(e);
+            }
+        }
+    }
+    a.pending.clear();
+}
+
+/// Decodes `frames` into `pcm` and writes their samples to `sink`; records each frame's decoder
+/// time, the first sample's time since `started`, the samples written and the sink's fill
+/// (shared by the decoder thread and [`serial::Serial`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_and_write(
+    voc: &mut Decoder,
+    pool: &Threadpool,
+    loan: Option<&CoreLoan>,
+    frames: &[[u32; 16]],
+    pcm: &mut [f32],
+    sink: &mut dyn AudioSink,
+    cancel: &AtomicBool,
+    started: Instant,
+    summary: &mut Summary,
+    metrics: &mut Metrics,
+) -> Result<(), EngineError> {
+    let n = frames.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let out = &mut pcm[..n * FRAME_SAMPLES];
+    // The cores this stage lends, back for the frames' compute only (not the sink's write,
+    // which may wait for the speaker).
+    let t = Instant::now();
+    let claim = loan.map(CoreLoan::claim);
+    if loan.is_some() {
+        record(&mut metrics.decoder_claim, t.elapsed());
+    }
+    let t = Instant::now();
+    let d = voc.decode_frames(pool, frames, out);
+    drop(claim);
+    let d = d?;
+    let per = t.elapsed() / n as u32;
+    for _ in 0..n {
+        record(&mut metrics.decoder_frame, per);
+    }
+    sink.write(&out[..d.samples], cancel)?;
+    summary.ttfa.get_or_insert_with(|| started.elapsed());
+    summary.samples += d.samples;
+    if let Some(q) = sink.queued_ms() {
+        let _ = metrics.ring_fill.record((q.round() as u64).max(1));
+    }
+    Ok(())
+}

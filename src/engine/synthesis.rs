@@ -1,0 +1,287 @@
+//! A request and what comes back: [`Request`], the planned utterances, the handle of a running
+//! request ([`Synthesis`], [`Canceller`]) and its [`Summary`].
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+
+use super::error::EngineError;
+use super::Engine;
+use crate::audio::AudioSink;
+use crate::metrics::Metrics;
+use crate::sampling::SamplingParams;
+use crate::talker::{GenOptions, Prompt, StopReason, Talker, TextInput, TextMode, Voice};
+use crate::text::split::{normalize, split, Cut};
+
+/// One synthesis request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The text (split into utterances when long) or the token ids of one utterance.
+    pub input: TextInput,
+    /// Speaker, language, instruction, x-vector.
+    pub voice: Voice,
+    /// Streaming or non-streaming text.
+    pub mode: TextMode,
+    /// Codebook-0 sampling; `None`: the checkpoint's `generation_config.json`.
+    pub sampling: Option<SamplingParams>,
+    /// Codebooks 1..15 sampling; `None`: the checkpoint's `subtalker_*` settings.
+    pub code_predictor_sampling: Option<SamplingParams>,
+    /// Repetition penalty over codebook 0; `None`: the checkpoint's.
+    pub repetition_penalty: Option<f32>,
+    /// Seed; utterance `i` of a split text uses `seed + i`.
+    pub seed: u64,
+    /// Frame cap per utterance; `None`: the runaway guard scaled to its text.
+    pub max_frames: Option<usize>,
+    /// Frames per utterance before end-of-speech may be sampled (at least
+    /// [`crate::talker::MIN_FRAMES`]); with `max_frames`, forces a frame count (benches).
+    pub min_frames: usize,
+    /// Keep every frame's codes in the summary.
+    pub keep_codes: bool,
+}
+
+impl Request {
+    /// A request for `text` with the model's defaults.
+    pub fn text(text: impl Into<String>) -> Self {
+        Request {
+            input: TextInput::Text(text.into()),
+            voice: Voice::default(),
+            mode: TextMode::Streaming,
+            sampling: None,
+            code_predictor_sampling: None,
+            repetition_penalty: None,
+            seed: 0,
+            max_frames: None,
+            min_frames: crate::talker::MIN_FRAMES,
+            keep_codes: false,
+        }
+    }
+
+    /// Greedy decoding of every codebook (reproduces the reference's greedy codes).
+    pub fn greedy(mut self) -> Self {
+        self.sampling = Some(SamplingParams::GREEDY);
+        self.code_predictor_sampling = Some(SamplingParams::GREEDY);
+        self
+    }
+}
+
+/// One utterance of a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SegmentReport {
+    /// Its text (the token ids' count for token input).
+    pub text: String,
+    /// Text tokens.
+    pub tokens: usize,
+    /// How the text was cut after it (`None` for token input).
+    pub cut: Option<Cut>,
+    /// Frames produced.
+    pub frames: usize,
+    /// Why it ended.
+    pub stop: StopReason,
+}
+
+/// The end of a request.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Frames produced.
+    pub frames: usize,
+    /// Samples written to the sink.
+    pub samples: usize,
+    /// The utterances, in order.
+    pub segments: Vec<SegmentReport>,
+    /// Why the request ended: that of its last utterance, or [`StopReason::Cancelled`].
+    pub stop: StopReason,
+    /// Request to the first sample written to the sink.
+    pub ttfa: Option<Duration>,
+    /// Request to the end of the sink's `end` (playback included for the ring).
+    pub elapsed: Duration,
+    /// Request to the last sample written (generation only).
+    pub generated: Duration,
+    /// Non-finite samples the decoder replaced by 0.
+    pub non_finite: u64,
+    /// Every frame's codes when asked.
+    pub codes: Vec<[u32; 16]>,
+    /// Per-stage latencies.
+    pub metrics: Metrics,
+}
+
+impl Summary {
+    /// A summary of nothing yet.
+    pub(crate) fn empty() -> Self {
+        Summary {
+            frames: 0,
+            samples: 0,
+            segments: Vec::new(),
+            stop: StopReason::Cancelled,
+            ttfa: None,
+            elapsed: Duration::ZERO,
+            generated: Duration::ZERO,
+            non_finite: 0,
+            codes: Vec::new(),
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Seconds of audio.
+    pub fn audio_seconds(&self) -> f64 {
+        self.samples as f64 / crate::audio::SAMPLE_RATE as f64
+    }
+
+    /// Real-time factor of generation: time to the last sample over the audio's duration.
+    pub fn rtf(&self) -> f64 {
+        self.generated.as_secs_f64() / self.audio_seconds().max(1e-9)
+    }
+}
+
+/// What the engine knows of its model, for messages and the CLI.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineInfo {
+    /// `base`, `custom_voice` or `voice_design`.
+    pub model_type: &'static str,
+    /// `0b6`, `1b7`, ...
+    pub size: String,
+    /// The speakers (CustomVoice).
+    pub speakers: Vec<String>,
+    /// The languages, `auto` first.
+    pub languages: Vec<String>,
+    /// Talker hidden size.
+    pub hidden: usize,
+}
+
+/// Cancels a request from any thread.
+#[derive(Debug, Clone)]
+pub struct Canceller(Arc<AtomicBool>);
+
+impl Canceller {
+    /// Stops the request between frames and flushes playback.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// A running request.
+#[derive(Debug)]
+pub struct Synthesis<'e> {
+    pub(super) cancel: Arc<AtomicBool>,
+    pub(super) progress: Arc<AtomicUsize>,
+    pub(super) done: Receiver<Finished>,
+    pub(super) _engine: std::marker::PhantomData<&'e mut Engine>,
+}
+
+/// A request's end: its summary (or error) and the sink it wrote to.
+pub type Finished = (Result<Summary, EngineError>, Box<dyn AudioSink>);
+
+/// What a request ends with when the decoder thread is gone before answering (its sink is lost).
+pub(super) fn decoder_gone() -> Finished {
+    (
+        Err(EngineError::StageGone { stage: "decoder" }),
+        Box::new(crate::audio::MemorySink::default()),
+    )
+}
+
+impl Synthesis<'_> {
+    /// A handle that cancels this request.
+    pub fn canceller(&self) -> Canceller {
+        Canceller(self.cancel.clone())
+    }
+
+    /// Frames generated so far (codes produced; the decoder may be behind).
+    pub fn frames(&self) -> usize {
+        self.progress.load(Ordering::Acquire)
+    }
+
+    /// Waits up to `timeout` for the end of the request.
+    pub fn wait_timeout(self, timeout: Duration) -> Result<Finished, Self> {
+        match self.done.recv_timeout(timeout) {
+            Ok(d) => Ok(d),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(self),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Ok(decoder_gone()),
+        }
+    }
+
+    /// Cancels this request.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Release);
+    }
+
+    /// Waits for the end of the request; returns its summary and the sink.
+    pub fn wait(self) -> Finished {
+        self.done.recv().unwrap_or_else(|_| decoder_gone())
+    }
+}
+
+/// Recovers a sink's concrete type from what [`Synthesis::wait`] returns.
+pub fn downcast_sink<S: AudioSink>(sink: Box<dyn AudioSink>) -> Option<S> {
+    let any: Box<dyn std::any::Any> = sink;
+    any.downcast::<S>().ok().map(|b| *b)
+}
+
+/// One utterance, planned: its prompt, options and report.
+pub(crate) struct Utterance {
+    pub prompt: Prompt,
+    pub opts: GenOptions,
+    pub code_predictor_sampling: SamplingParams,
+    pub report: SegmentReport,
+}
+
+/// Splits and builds a request's utterances (shared by the engine and [`serial::Serial`]).
+pub(crate) fn plan_request(
+    talker: &Talker,
+    req: &Request,
+    segment_tokens: usize,
+) -> Result<Vec<Utterance>, EngineError> {
+    let g = talker.generation_config();
+    let sampling = req.sampling.unwrap_or_else(|| SamplingParams::talker(g));
+    let code_predictor_sampling = req
+        .code_predictor_sampling
+        .unwrap_or_else(|| SamplingParams::code_predictor(g));
+    let penalty = req
+        .repetition_penalty
+        .unwrap_or(g.repetition_penalty as f32);
+    let pieces: Vec<(TextInput, String, Option<Cut>)> = match &req.input {
+        TextInput::TokenIds(ids) => vec![(
+            TextInput::TokenIds(ids.clone()),
+            format!("{} token ids", ids.len()),
+            None,
+        )],
+        TextInput::Text(t) => {
+            let clean = normalize(t);
+            let segs = split(&clean, talker.tokenizer(), segment_tokens);
+            if segs.is_empty() {
+                return Err(EngineError::EmptyText);
+            }
+            segs.into_iter()
+                .map(|s| {
+                    let text = clean[s.range].to_owned();
+                    (TextInput::Text(text.clone()), text, Some(s.cut))
+                })
+                .collect()
+        }
+    };
+    pieces
+        .into_iter()
+        .enumerate()
+        .map(|(i, (input, text, cut))| {
+            let prompt = talker.prompt(&input, &req.voice, req.mode)?;
+            Ok(Utterance {
+                opts: GenOptions {
+                    sampling,
+                    repetition_penalty: penalty,
+                    seed: req.seed.wrapping_add(i as u64),
+                    max_frames: req.max_frames,
+                    min_frames: req.min_frames,
+                },
+                code_predictor_sampling,
+                report: SegmentReport {
+                    text,
+                    tokens: prompt.text_tokens,
+                    cut,
+                    frames: 0,
+                    stop: StopReason::Cancelled,
+                },
+                prompt,
+            })
+        })
+        .collect()
+}
