@@ -120,13 +120,13 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             // SAFETY: a valid path; no_alloc keeps the parse to metadata; the context is freed.
             unsafe {
-                let params = qtts::ffi::sys::gguf_init_params {
+                let params = llama_cpp_sys_2::gguf_init_params {
                     no_alloc: true,
                     ctx: std::ptr::null_mut(),
                 };
-                let ctx = qtts::ffi::sys::gguf_init_from_file(cpath.as_ptr(), params);
+                let ctx = llama_cpp_sys_2::gguf_init_from_file(cpath.as_ptr(), params);
                 assert!(!ctx.is_null());
-                qtts::ffi::sys::gguf_free(ctx);
+                llama_cpp_sys_2::gguf_free(ctx);
             }
         })
     });

@@ -37,7 +37,7 @@ pub enum EngineError {
     #[error("the text is empty after clean-up; nothing to speak")]
     EmptyText,
     /// The thread plan cannot run.
-    /// Fix [`EngineConfig::plan`] (or use [`ThreadPlan::default_for`]).
+    /// Fix [`EngineConfig::plan`](super::EngineConfig::plan) (or use [`ThreadPlan::default_for`](super::ThreadPlan::default_for)).
     #[error("thread plan: expected {expected}, found {found}")]
     Plan {
         /// What a plan needs.

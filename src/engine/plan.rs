@@ -24,7 +24,7 @@ pub struct StagePlan {
     /// each of them while the decoder is not decoding, and none while it is (the decoder claims
     /// them back for a whole frame, waiting at most for the graph in progress or reserved; see
     /// [`crate::ffi::CoreLoan`]). ggml puts a pool's calling thread on its highest core, so every
-    /// borrowed core must be lower than the stage's own (checked at [`Engine::load`]).
+    /// borrowed core must be lower than the stage's own (checked at [`Engine::load`](super::Engine::load)).
     pub borrow: Vec<usize>,
 }
 

@@ -1,0 +1,320 @@
+//! The decoder's convolutions as one matrix product per node, with their epilogues (bias,
+//! residual, SnakeBeta) fused.
+
+use super::thread_share;
+use crate::ffi::{sys, Context, GgmlError, Tensor};
+use crate::gguf::GgmlType;
+use crate::kernels::bf16;
+
+/// The largest tap count and dilation [`Context::conv_gemm`] takes: both travel in the op's
+/// `userdata` word, 14 bits each, beside the epilogue's two flags.
+const CONV_GEMM_MAX: usize = (1 << 14) - 1;
+/// `userdata` flag of [`Context::conv_gemm_then`]: a bias is the node's next source.
+const CONV_GEMM_BIAS: usize = 1 << 28;
+/// `userdata` flag of [`Context::conv_gemm_then`]: a residual is the node's last source.
+const CONV_GEMM_RESIDUAL: usize = 1 << 29;
+/// `userdata` flag of [`Context::conv_gemm_by`]: a bf16 kernel runs on AVX-512 BF16 (else on
+/// AMX tiles).
+const CONV_GEMM_AVX512_BF16: usize = 1 << 30;
+
+/// What [`Context::conv_gemm_then`] adds to the product's rows as each part is stored: the bias,
+/// then the residual.
+struct Epilogue {
+    /// `bias_len` values; column `c` adds `bias[c % bias_len]`. Null: none.
+    bias: *const f32,
+    bias_len: usize,
+    /// The contiguous rows of the residual, as many and as long as the output's. Null: none.
+    residual: *const f32,
+}
+
+impl Epilogue {
+    /// Adds the bias, then the residual, to rows `rows` and columns `cols` of `y` (rows of `n`),
+    /// in place; nothing when there is neither.
+    ///
+    /// # Safety
+    /// `y` holds those rows, the bias `bias_len` values and the residual rows as long as `y`'s;
+    /// no one else writes them during the call.
+    unsafe fn apply(
+        &self,
+        y: *mut f32,
+        n: usize,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+    ) {
+        if self.bias.is_null() && self.residual.is_null() {
+            return;
+        }
+        // SAFETY: `bias_len` values at `bias` when it is not null.
+        let bias = (!self.bias.is_null())
+            .then(|| unsafe { std::slice::from_raw_parts(self.bias, self.bias_len) });
+        for t in rows {
+            // SAFETY: the caller's contract; `cols` lies within the row.
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(y.add(t * n + cols.start), cols.len()) };
+            if let Some(bias) = bias {
+                // Runs of columns that do not wrap around the bias.
+                let (mut c, mut done) = (cols.start, 0);
+                while done < out.len() {
+                    let b = c % bias.len();
+                    let run = (out.len() - done).min(bias.len() - b);
+                    for (o, v) in out[done..done + run].iter_mut().zip(&bias[b..b + run]) {
+                        *o += v;
+                    }
+                    (c, done) = (c + run, done + run);
+                }
+            }
+            if !self.residual.is_null() {
+                // SAFETY: the residual's row t, as long as `y`'s.
+                let res = unsafe {
+                    std::slice::from_raw_parts(self.residual.add(t * n + cols.start), out.len())
+                };
+                for (o, v) in out.iter_mut().zip(res) {
+                    *o += v;
+                }
+            }
+        }
+    }
+}
+
+/// ggml's side of [`Context::conv_gemm`]: an f32 kernel splits the output rows over the graph's
+/// threads, each thread one `sgemm` per tap (one in all when the taps are adjacent); a bf16 kernel
+/// splits the 32 × 32 output blocks of [`bf16::conv`]. Each thread adds the epilogue to its own
+/// rows or blocks.
+unsafe extern "C" fn conv_gemm_trampoline(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    userdata: *mut std::os::raw::c_void,
+) {
+    let word = userdata as usize;
+    let (taps, dilation) = ((word >> 14) & CONV_GEMM_MAX, word & CONV_GEMM_MAX);
+    // SAFETY: `conv_gemm_then` built this node: its sources are the contiguous kernel
+    // `[taps · c_in, c_out]` (f32, or bf16 packed by `bf16::pack` when a bf16 kernel is available and the
+    // shape fits), the f32 input `[c_in, t_out + (taps − 1) · dilation]`, then, as the word's
+    // flags say, the contiguous f32 bias (a length dividing `c_out`) and the contiguous f32
+    // residual `[c_out, t_out]`; `dst` is a fresh contiguous f32 `[c_out, t_out]` (ggml never
+    // computes a custom op in place), all allocated by the time ggml computes the node. Every
+    // read stays inside the input: row `t + j · dilation` for `t < t_out` and `j < taps`, `c_in`
+    // values long.
+    unsafe {
+        let (w, x) = ((*dst).src[0], (*dst).src[1]);
+        let c_in = (*x).ne[0] as usize;
+        let (c_out, t_out) = ((*dst).ne[0] as usize, (*dst).ne[1] as usize);
+        let mut next = 2;
+        let mut epilogue = Epilogue {
+            bias: std::ptr::null(),
+            bias_len: 1,
+            residual: std::ptr::null(),
+        };
+        if word & CONV_GEMM_BIAS != 0 {
+            let b = (*dst).src[next];
+            (epilogue.bias, epilogue.bias_len) = ((*b).data as *const f32, (*b).ne[0] as usize);
+            next += 1;
+        }
+        if word & CONV_GEMM_RESIDUAL != 0 {
+            epilogue.residual = (*(*dst).src[next]).data as *const f32;
+        }
+        let y = (*dst).data as *mut f32;
+        if (*w).type_ == sys::GGML_TYPE_BF16 {
+            // `conv_gemm_by` built a bf16 node only with the kernel available.
+            let kernel = if word & CONV_GEMM_AVX512_BF16 != 0 {
+                bf16::Kernel::Avx512
+            } else {
+                bf16::Kernel::Amx
+            };
+            let s = bf16::Conv {
+                c_in,
+                taps,
+                dilation,
+                t_out,
+                n: c_out,
+            };
+            bf16::conv(
+                kernel,
+                (*w).data as *const u16,
+                (*x).data as *const f32,
+                y,
+                s,
+                thread_share(bf16::blocks(t_out, c_out), ith, nth),
+                |rows, cols| epilogue.apply(y, c_out, rows, cols),
+            );
+            return;
+        }
+        let (r0, r1) = thread_share(t_out, ith, nth);
+        if r0 == r1 {
+            return;
+        }
+        let xs = ((*x).data as *const f32).add(r0 * c_in);
+        let ws = (*w).data as *const f32;
+        let ys = y.add(r0 * c_out);
+        let k = taps * c_in;
+        // Row t of the product reads input rows t..t + taps (dilation 1): `taps · c_in`
+        // consecutive values, so one product whose left rows overlap covers every tap.
+        let per_tap = if dilation == 1 { taps } else { 1 };
+        // A panic must not unwind into ggml; sgemm does not panic on these sizes, and a caught
+        // one leaves the output rows unfinished.
+        let _ = std::panic::catch_unwind(|| {
+            for j in (0..taps).step_by(per_tap) {
+                matrixmultiply::sgemm(
+                    r1 - r0,
+                    per_tap * c_in,
+                    c_out,
+                    1.0,
+                    xs.add(j * dilation * c_in),
+                    c_in as isize,
+                    1,
+                    ws.add(j * c_in),
+                    1,
+                    k as isize,
+                    if j == 0 { 0.0 } else { 1.0 },
+                    ys,
+                    c_out as isize,
+                    1,
+                );
+            }
+        });
+        epilogue.apply(y, c_out, r0..r1, 0..c_out);
+    }
+}
+
+impl Context {
+    /// The causal 1-D convolution of `x` (`[c_in, t]`, channels fastest, f32) by the kernel `w`
+    /// (`[taps · c_in, c_out]`, f32, index `c + c_in · j` for channel `c` and tap `j`) with
+    /// `dilation`, unpadded: `[c_out, t − (taps − 1) · dilation]`. With one tap it is
+    /// `mul_mat(w, x)`. Computed by `matrixmultiply`'s packed sgemm instead of ggml's `im2col`
+    /// and `mul_mat`; each output value sums its products in the same order whatever the row
+    /// count and thread count, so results do not depend on how a signal is chunked.
+    ///
+    /// A bf16 kernel (`[taps · c_in, c_out]` packed by [`bf16::pack`], where the process's tier
+    /// has a [`bf16::Kernel`] and [`bf16::fits`]`(c_in, c_out)`) is computed by that kernel (AMX
+    /// tiles or AVX-512 BF16 dot products) from a bf16 copy of the input:
+    /// not exact (bf16 keeps 8 significant bits), also independent of the chunking.
+    pub fn conv_gemm<'a>(
+        &'a self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        taps: usize,
+        dilation: usize,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        self.conv_gemm_then(w, x, taps, dilation, None, None)
+    }
+
+    /// [`Context::conv_gemm`], then `+ bias` (contiguous f32 of a length `b` dividing `c_out`:
+    /// column `c` adds `bias[c % b]`) and `+ residual` (contiguous f32 `[c_out, t_out]`), without
+    /// ggml's two passes over the output: they are added to each part of the output (a thread's
+    /// rows, or an AMX block) as it is stored, while it is in cache. The same values, bit for
+    /// bit, as the product followed by ggml's `add` of the bias and then of the residual.
+    pub fn conv_gemm_then<'a>(
+        &'a self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        taps: usize,
+        dilation: usize,
+        bias: Option<Tensor<'a>>,
+        residual: Option<Tensor<'a>>,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        self.conv_gemm_by(bf16::Kernel::active(), w, x, taps, dilation, bias, residual)
+    }
+
+    /// [`Context::conv_gemm_then`] with a bf16 weight computed by `kernel` (the benches' and
+    /// tests' way to compare the bf16 kernels in one process; `conv_gemm_then` takes the
+    /// process's tier's). An f32 weight ignores `kernel`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_gemm_by<'a>(
+        &'a self,
+        kernel: Option<bf16::Kernel>,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        taps: usize,
+        dilation: usize,
+        bias: Option<Tensor<'a>>,
+        residual: Option<Tensor<'a>>,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        let bf16 = w.is_type(GgmlType::BF16);
+        if bf16 {
+            // SAFETY: the tensor is live; the contiguity test reads only its shape and strides.
+            let dense = unsafe { sys::ggml_is_contiguous(w.ptr.as_ptr()) };
+            let usable = kernel.is_some_and(bf16::Kernel::available);
+            if !usable || !dense || !bf16::fits(x.ne()[0], w.ne()[1]) {
+                return Err(GgmlError::Shape {
+                    what: "conv_gemm bf16 kernel",
+                    expected: "a contiguous kernel packed by bf16::pack, c_in a multiple of 32, \
+                               c_out of 32, on a kernel tier with AMX-BF16 or AVX-512 BF16 (else \
+                               an f32 kernel)"
+                        .into(),
+                    found: format!(
+                        "kernel {:?}, contiguous {dense}, input {:?}, bf16 kernel {kernel:?}",
+                        w.ne(),
+                        x.ne(),
+                    ),
+                });
+            }
+        } else {
+            Self::dense_f32("conv_gemm kernel", w)?;
+        }
+        Self::dense_f32("conv_gemm input", x)?;
+        let (nw, nx) = (w.ne(), x.ne());
+        let span = taps.saturating_sub(1) * dilation;
+        if taps == 0
+            || dilation == 0
+            || taps > CONV_GEMM_MAX
+            || dilation > CONV_GEMM_MAX
+            || nw[0] != taps * nx[0]
+            || nw[2] != 1
+            || nw[3] != 1
+            || nx[2] != 1
+            || nx[3] != 1
+            || nx[1] <= span
+        {
+            return Err(GgmlError::Shape {
+                what: "conv_gemm",
+                expected: format!(
+                    "kernel [{taps} · c_in, c_out], input [c_in, t > {span}], \
+                     1 <= taps, dilation <= {CONV_GEMM_MAX}"
+                ),
+                found: format!("kernel {nw:?}, input {nx:?}, taps {taps}, dilation {dilation}"),
+            });
+        }
+        let (c_out, t_out) = (nw[1], nx[1] - span);
+        let mut args = vec![w, x];
+        let mut word = (taps << 14) | dilation;
+        if w.is_type(GgmlType::BF16) && kernel == Some(bf16::Kernel::Avx512) {
+            word |= CONV_GEMM_AVX512_BF16;
+        }
+        if let Some(b) = bias {
+            Self::dense_f32("conv_gemm bias", b)?;
+            let len = b.n_elems();
+            if len == 0 || c_out % len != 0 {
+                return Err(GgmlError::Shape {
+                    what: "conv_gemm bias",
+                    expected: format!("a length dividing the {c_out} output columns"),
+                    found: format!("{:?}", b.ne()),
+                });
+            }
+            args.push(b);
+            word |= CONV_GEMM_BIAS;
+        }
+        if let Some(r) = residual {
+            Self::dense_f32("conv_gemm residual", r)?;
+            if r.n_elems() != c_out * t_out {
+                return Err(GgmlError::Shape {
+                    what: "conv_gemm residual",
+                    expected: format!("{c_out} × {t_out} values, as the product"),
+                    found: format!("{:?}", r.ne()),
+                });
+            }
+            args.push(r);
+            word |= CONV_GEMM_RESIDUAL;
+        }
+        // SAFETY: the tensors are live, contiguous f32 and shaped as the trampoline expects
+        // (checked above); the word's flags name the sources after the first two.
+        unsafe {
+            self.custom_f32(
+                [c_out, t_out, 1, 1],
+                &args,
+                conv_gemm_trampoline,
+                word as *mut std::os::raw::c_void,
+            )
+        }
+    }
+}
