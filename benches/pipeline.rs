@@ -8,8 +8,8 @@
 //! made once under the target directory. `QTTS_BENCH_DECODER` (f32, bf16, q8_0; default: the
 //! engine's, bf16 where the CPU has AMX) picks the decoder's matrices. `QTTS_BENCH_PLAN` changes
 //! the default plan: `shared` gives the decoder 2 threads over both cores (the talker and the code
-//! predictor keep core 0), `cp-shared` gives them to the code predictor (the decoder keeps core 1,
-//! time-shared), `talker-cp-shared` to both the talker and the code predictor.
+//! predictor keep core 0), `code-predictor-shared` gives them to the code predictor (the decoder keeps core 1,
+//! time-shared), `talker-code-predictor-shared` to both the talker and the code predictor.
 //! `QTTS_BENCH_DECODER_NICE` sets the decoder's `qtts::engine::StagePlan::nice` (20: `SCHED_IDLE`).
 //! `qtts bench --plan` compares plans interleaved, in separate processes.
 //! `QTTS_BENCH_BURST=0` turns off the all-core first frame.
@@ -64,8 +64,8 @@ fn main() {
     };
     match std::env::var("QTTS_BENCH_PLAN").as_deref() {
         Ok("shared") if cores >= 2 => config.plan.decoder = all,
-        Ok("cp-shared") if cores >= 2 => config.plan.code_predictor = all,
-        Ok("talker-cp-shared") if cores >= 2 => {
+        Ok("code-predictor-shared") if cores >= 2 => config.plan.code_predictor = all,
+        Ok("talker-code-predictor-shared") if cores >= 2 => {
             config.plan.talker = all.clone();
             config.plan.code_predictor = all;
         }

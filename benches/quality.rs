@@ -145,7 +145,10 @@ fn main() {
     let n_prompt = prompt.len();
 
     let forward = |ty: OutType| -> (Vec<f32>, Vec<f32>) {
-        let model = qtts::ffi::LlamaModel::load(path("talker", ty)).unwrap();
+        let model = qtts::ffi::LlamaModel::load(
+            &qtts::model::validate::talker(&path("talker", ty)).unwrap(),
+        )
+        .unwrap();
         let mut ctx = LlamaContext::with_kv(&model, 512, 2, ty == OutType::F32).unwrap();
         let n = rows.len() / h;
         let mut batch = EmbdBatch::new(n, h);

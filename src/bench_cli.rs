@@ -208,22 +208,22 @@ pub enum PlanArg {
     Split,
     /// The code predictor's ggml threads over every core; the decoder keeps its own at nice 19,
     /// so that it yields the core whenever the code predictor's second thread has work.
-    CpShared,
-    /// As `cp-shared`, the talker's threads too.
-    TalkerCpShared,
-    /// The code predictor over every core, the decoder at the same priority (what `cp-shared`
+    CodePredictorShared,
+    /// As `code-predictor-shared`, the talker's threads too.
+    TalkerCodePredictorShared,
+    /// The code predictor over every core, the decoder at the same priority (what `code-predictor-shared`
     /// is measured against).
-    CpSharedEqual,
-    /// As `cp-shared`, the decoder under `SCHED_IDLE` ([`ThreadPlan::code_predictor_on_every_core`], `qtts
+    CodePredictorSharedEqual,
+    /// As `code-predictor-shared`, the decoder under `SCHED_IDLE` ([`ThreadPlan::code_predictor_on_every_core`], `qtts
     /// speak --code-predictor-on-every-core`).
-    CpSharedIdle,
-    /// As `cp-shared-idle`, the talker's threads over every core too.
-    TalkerCpSharedIdle,
+    CodePredictorSharedIdle,
+    /// As `code-predictor-shared-idle`, the talker's threads over every core too.
+    TalkerCodePredictorSharedIdle,
     /// The talker and the code predictor borrow the decoder's core between the decoder's
     /// frames, nobody's priority changed ([`ThreadPlan::lending`], the default).
     Lend,
     /// As `lend`, the code predictor alone borrowing.
-    CpLend,
+    CodePredictorLend,
 }
 
 impl PlanArg {
@@ -239,19 +239,19 @@ impl PlanArg {
             PlanArg::Default => return ThreadPlan::default_for(cores),
             PlanArg::Split => return ThreadPlan::for_cores(cores),
             PlanArg::Lend => return ThreadPlan::lending(cores),
-            PlanArg::CpLend => {
+            PlanArg::CodePredictorLend => {
                 let mut plan = ThreadPlan::lending(cores);
                 plan.talker.borrow.clear();
                 return plan;
             }
-            PlanArg::CpSharedIdle => {}
-            PlanArg::CpShared => plan.decoder.nice = 19,
-            PlanArg::CpSharedEqual => plan.decoder.nice = 0,
-            PlanArg::TalkerCpShared => {
+            PlanArg::CodePredictorSharedIdle => {}
+            PlanArg::CodePredictorShared => plan.decoder.nice = 19,
+            PlanArg::CodePredictorSharedEqual => plan.decoder.nice = 0,
+            PlanArg::TalkerCodePredictorShared => {
                 plan.talker = plan.code_predictor.clone();
                 plan.decoder.nice = 19;
             }
-            PlanArg::TalkerCpSharedIdle => plan.talker = plan.code_predictor.clone(),
+            PlanArg::TalkerCodePredictorSharedIdle => plan.talker = plan.code_predictor.clone(),
         }
         plan
     }

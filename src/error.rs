@@ -3,6 +3,7 @@
 //! One enum, [`ModelError`], covers everything that can be wrong with a file on disk.
 //! Every variant names the file and the key, field or tensor, what was expected and what was found,
 //! and its doc says what the caller should do.
+//! [`GgmlError`] covers ggml's and llama.cpp's failures at run time (re-exported by `ffi`).
 //! None of them is produced by a panic or an abort: a voice assistant must survive a bad download.
 
 use std::path::PathBuf;
@@ -247,7 +248,7 @@ pub enum ModelError {
     /// ggml or llama.cpp failed while loading or converting a model (out of memory, a graph that
     /// does not fit). Free memory or use a smaller type; if it persists, report it.
     #[error("ggml: {0}")]
-    Ggml(#[from] crate::ffi::GgmlError),
+    Ggml(#[from] GgmlError),
 
     /// The conversion cache's directory cannot be created or written (read-only, or not a
     /// directory). Set `XDG_CACHE_HOME` to a writable directory, or convert once with
@@ -302,4 +303,55 @@ impl ModelError {
             source,
         }
     }
+}
+
+/// Failures of ggml or llama.cpp at run time (not of files: those are [`ModelError`]s).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GgmlError {
+    /// ggml could not allocate a context, buffer or threadpool.
+    /// The machine is out of memory or the request was too large: free memory or lower the size.
+    #[error("{what}: allocation of {bytes} bytes failed")]
+    Alloc {
+        /// What was being allocated.
+        what: &'static str,
+        /// How much.
+        bytes: usize,
+    },
+    /// A threadpool could not be created with this thread count and core mask.
+    /// Use fewer threads or cores that exist.
+    #[error("threadpool of {n_threads} threads on cores {cores:?} could not be created")]
+    Threadpool {
+        /// Threads asked.
+        n_threads: usize,
+        /// Cores asked (empty: any).
+        cores: Vec<usize>,
+    },
+    /// A graph computation returned a non-success status (aborted or failed).
+    /// Retry; if it persists, report it.
+    #[error("graph compute failed with ggml status {status}")]
+    Compute {
+        /// ggml's status code.
+        status: i32,
+    },
+    /// `llama_decode` returned an error code.
+    /// Clear the context's memory and retry with a smaller batch.
+    #[error("llama_decode failed with code {code} on a batch of {n_tokens} rows")]
+    Decode {
+        /// llama.cpp's return code.
+        code: i32,
+        /// Rows in the batch.
+        n_tokens: usize,
+    },
+    /// An argument does not fit the object it is given to.
+    /// Fix the caller.
+    #[error("{what}: expected {expected}, found {found}")]
+    Shape {
+        /// The argument.
+        what: &'static str,
+        /// What fits.
+        expected: String,
+        /// What was given.
+        found: String,
+    },
 }

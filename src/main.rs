@@ -684,7 +684,7 @@ fn main() -> anyhow::Result<()> {
                         let g = qtts::model::validate::check_talker(&f, &gguf.header)?;
                         println!("{}: talker ok: {} layers, width {}, {} tokens", f.display(), g.n_layer, g.n_embd, g.n_vocab);
                         if llama {
-                            let m = qtts::ffi::LlamaModel::load(&f)?;
+                            let m = qtts::ffi::LlamaModel::load(&qtts::model::validate::talker(&f)?)?;
                             println!("{}: llama_model_load_from_file ok: {} layers, width {}", f.display(), m.n_layer(), m.n_embd());
                             talker = Some(m);
                         }
@@ -694,7 +694,7 @@ fn main() -> anyhow::Result<()> {
                         println!("{}: mmproj ok: {} tensors", f.display(), gguf.header.tensors.len());
                         if llama {
                             let t = talker.as_ref().context("--llama loads an mmproj with its talker: name the talker file first")?;
-                            let _m = qtts::ffi::Mmproj::load(&f, t, 1)?;
+                            let _m = qtts::ffi::Mmproj::load(&qtts::model::validate::mmproj(&f)?, t, 1)?;
                             println!("{}: mtmd_init_from_file ok", f.display());
                         }
                     }

@@ -172,7 +172,7 @@ fn run_job(
             if cancel.load(Ordering::Acquire) {
                 break session.cancel();
             }
-            let (mut hidden, embedded) = bufs.take().ok_or(gone("cp"))?;
+            let (mut hidden, embedded) = bufs.take().ok_or(gone("code predictor"))?;
             hidden.copy_from_slice(session.hidden());
             let t = Instant::now();
             cp_tx
@@ -182,19 +182,20 @@ fn run_job(
                     code0,
                     reseed: reseed.take(),
                 })
-                .map_err(|_| gone("cp"))?;
-            let (hidden, embedded, cores) = match reply_rx.recv().map_err(|_| gone("cp"))? {
-                CodePredictorReply::Frame {
-                    hidden,
-                    embedded,
-                    cores,
-                } => (hidden, embedded, cores),
-                CodePredictorReply::Failed(e, hidden, embedded) => {
-                    *bufs = Some((hidden, embedded));
-                    return Err(e);
-                }
-                CodePredictorReply::Metrics(_) => return Err(gone("cp")),
-            };
+                .map_err(|_| gone("code predictor"))?;
+            let (hidden, embedded, cores) =
+                match reply_rx.recv().map_err(|_| gone("code predictor"))? {
+                    CodePredictorReply::Frame {
+                        hidden,
+                        embedded,
+                        cores,
+                    } => (hidden, embedded, cores),
+                    CodePredictorReply::Failed(e, hidden, embedded) => {
+                        *bufs = Some((hidden, embedded));
+                        return Err(e);
+                    }
+                    CodePredictorReply::Metrics(_) => return Err(gone("code predictor")),
+                };
             record(&mut metrics.talker_wait, t.elapsed());
             report.frames += 1;
             progress.fetch_add(1, Ordering::AcqRel);

@@ -2,7 +2,7 @@
 //! context over an `mmproj` file.
 
 use super::sys;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
 use super::c_path;
@@ -10,6 +10,59 @@ use super::install_logging;
 use super::threadpool::Threadpool;
 use super::GgmlError;
 use crate::error::ModelError;
+
+/// Which file of a Qwen3-TTS GGUF pair a [`Validated`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The talker (`general.architecture = qwen3tts`), for [`LlamaModel::load`].
+    Talker,
+    /// The code predictor and decoder (`clip`), for [`Mmproj::load`].
+    Mmproj,
+}
+
+/// A GGUF file this crate's validator accepted, the only form in which a file reaches llama.cpp
+/// here ([`LlamaModel::load`], [`Mmproj::load`]): llama.cpp and ggml abort the process on some
+/// malformed files, so they are checked in Rust first. Made by `crate::model::validate::talker`
+/// and `crate::model::validate::mmproj`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Validated {
+    path: PathBuf,
+    role: Role,
+}
+
+impl Validated {
+    /// Vouches for `path` as a valid file of `role`: for the validator only.
+    pub(crate) fn vouched(path: &Path, role: Role) -> Self {
+        Validated {
+            path: path.to_owned(),
+            role,
+        }
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Which file of the pair it is.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    fn expect(&self, role: Role) -> Result<&Path, ModelError> {
+        if self.role == role {
+            return Ok(&self.path);
+        }
+        Err(ModelError::Unsupported {
+            what: format!("{}", self.path.display()),
+            expected: format!("a validated {role:?} GGUF"),
+            found: format!(
+                "a validated {:?} GGUF: pass the other file of the pair",
+                self.role
+            ),
+        })
+    }
+}
 
 /// A llama.cpp model (the talker), loaded after validation.
 #[derive(Debug)]
@@ -23,11 +76,9 @@ unsafe impl Send for LlamaModel {}
 unsafe impl Sync for LlamaModel {}
 
 impl LlamaModel {
-    /// Validates `path` as a Qwen3-TTS talker GGUF, then loads it on the CPU with mmap.
-    pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
-        let path = path.as_ref();
-        crate::model::validate::talker_file(path)?;
-        Self::load_unvalidated(path)
+    /// Loads a validated talker GGUF on the CPU with mmap.
+    pub fn load(file: &Validated) -> Result<Self, ModelError> {
+        Self::load_unvalidated(file.expect(Role::Talker)?)
     }
 
     /// Loads `path` with llama.cpp without this crate's validation.
@@ -99,14 +150,13 @@ pub struct Mmproj {
 unsafe impl Send for Mmproj {}
 
 impl Mmproj {
-    /// Validates `path` as a Qwen3-TTS mmproj GGUF, then loads it with `mtmd_init_from_file`.
+    /// Loads a validated mmproj GGUF with `mtmd_init_from_file`.
     pub fn load(
-        path: impl AsRef<Path>,
+        file: &Validated,
         text_model: &LlamaModel,
         n_threads: usize,
     ) -> Result<Self, ModelError> {
-        let path = path.as_ref();
-        crate::model::validate::mmproj_file(path)?;
+        let path = file.expect(Role::Mmproj)?;
         install_logging();
         let cpath = c_path(path)?;
         // SAFETY: default params are a plain struct; the model outlives this call (mtmd keeps a

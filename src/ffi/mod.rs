@@ -4,9 +4,10 @@
 //! - Every handle here owns one C object and frees it on drop; none is `Clone`.
 //!   Handles are `Send` (each C object may move between threads) but not `Sync`: one thread at a
 //!   time uses a context, as llama.cpp and ggml require.
-//! - Model files reach llama.cpp only through [`LlamaModel::load`] and [`Mmproj::load`], which run
-//!   the Rust validator of [`crate::model::validate`] first, because llama.cpp and ggml abort the
-//!   process on some malformed files.
+//! - Model files reach llama.cpp only through [`LlamaModel::load`] and [`Mmproj::load`], which
+//!   take a [`Validated`] file: only the Rust validator (`crate::model::validate`) makes one,
+//!   because llama.cpp and ggml abort the process on some malformed files. This module does not
+//!   depend on the validator.
 //! - Nothing here allocates per call on a hot path: [`Graph::compute`] reuses its work buffer,
 //!   [`EmbdBatch`] is allocated once for its capacity.
 //! - llama.cpp's and ggml's log lines go to [`install_logging`]'s sink: dropped unless
@@ -30,7 +31,7 @@ pub use context::{Context, Tensor};
 pub(crate) use custom::rms_norm_row;
 pub use custom::{AttendKernel, AttendOne, RowKernel3};
 pub use graph::{Graph, OwnedGraph};
-pub use llama::{EmbdBatch, LlamaContext, LlamaModel, Mmproj};
+pub use llama::{EmbdBatch, LlamaContext, LlamaModel, Mmproj, Role, Validated};
 pub use quant::{dequantize, dequantize_into, ggml_type_layout, quantize};
 pub use tensor::Node;
 pub use threadpool::{Claim, CoreLoan, Reservation, Threadpool};
@@ -38,58 +39,8 @@ pub use threadpool::{Claim, CoreLoan, Reservation, Threadpool};
 // The raw bindings stay inside the crate: everything outside goes through the safe types here.
 use llama_cpp_sys_2 as sys;
 
+pub use crate::error::GgmlError;
 use crate::error::ModelError;
-
-/// Failures of ggml or llama.cpp at run time (not of files: those are [`ModelError`]s).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum GgmlError {
-    /// ggml could not allocate a context, buffer or threadpool.
-    /// The machine is out of memory or the request was too large: free memory or lower the size.
-    #[error("{what}: allocation of {bytes} bytes failed")]
-    Alloc {
-        /// What was being allocated.
-        what: &'static str,
-        /// How much.
-        bytes: usize,
-    },
-    /// A threadpool could not be created with this thread count and core mask.
-    /// Use fewer threads or cores that exist.
-    #[error("threadpool of {n_threads} threads on cores {cores:?} could not be created")]
-    Threadpool {
-        /// Threads asked.
-        n_threads: usize,
-        /// Cores asked (empty: any).
-        cores: Vec<usize>,
-    },
-    /// A graph computation returned a non-success status (aborted or failed).
-    /// Retry; if it persists, report it.
-    #[error("graph compute failed with ggml status {status}")]
-    Compute {
-        /// ggml's status code.
-        status: i32,
-    },
-    /// `llama_decode` returned an error code.
-    /// Clear the context's memory and retry with a smaller batch.
-    #[error("llama_decode failed with code {code} on a batch of {n_tokens} rows")]
-    Decode {
-        /// llama.cpp's return code.
-        code: i32,
-        /// Rows in the batch.
-        n_tokens: usize,
-    },
-    /// An argument does not fit the object it is given to.
-    /// Fix the caller.
-    #[error("{what}: expected {expected}, found {found}")]
-    Shape {
-        /// The argument.
-        what: &'static str,
-        /// What fits.
-        expected: String,
-        /// What was given.
-        found: String,
-    },
-}
 
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 static INIT: Once = Once::new();

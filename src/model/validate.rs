@@ -16,6 +16,7 @@ use std::path::Path;
 use super::config::{parse_json, Preset, SpeechTokenizerConfig};
 use super::convert::KEY_HF_SPEECH_TOKENIZER;
 use crate::error::ModelError;
+use crate::ffi::{Role, Validated};
 use crate::gguf::{Array, GgmlType, GgufFile, Header, Value};
 
 /// The number of codec tokens at the end of a talker vocabulary (llama.cpp hard-codes it).
@@ -178,6 +179,18 @@ pub struct TalkerGeometry {
     pub n_ff: u64,
     /// Tokens (text, then 3072 codec).
     pub n_vocab: u64,
+}
+
+/// Opens and checks a talker GGUF, for [`crate::ffi::LlamaModel::load`].
+pub fn talker(path: &Path) -> Result<Validated, ModelError> {
+    talker_file(path)?;
+    Ok(Validated::vouched(path, Role::Talker))
+}
+
+/// Opens and checks an mmproj GGUF, for [`crate::ffi::Mmproj::load`].
+pub fn mmproj(path: &Path) -> Result<Validated, ModelError> {
+    mmproj_file(path)?;
+    Ok(Validated::vouched(path, Role::Mmproj))
 }
 
 /// Opens and checks a talker GGUF.

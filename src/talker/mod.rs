@@ -398,7 +398,9 @@ impl Talker {
         let file = GgufFile::open(path)?;
         let geometry = crate::model::validate::check_talker(path, &file.header)?;
         let layers = match runtime {
-            Runtime::LlamaCpp => Layers::Llama(LlamaModel::load(path)?),
+            Runtime::LlamaCpp => {
+                Layers::Llama(LlamaModel::load(&crate::model::validate::talker(path)?)?)
+            }
             Runtime::Graph(kernel) => Layers::Graph(graph::Layers::load(&file, kernel)?),
         };
         let h = &file.header;

@@ -3,11 +3,8 @@
 
 use std::sync::atomic::AtomicBool;
 
-use assert_no_alloc::{assert_no_alloc, reset_violation_count, violation_count, AllocDisabler};
+use assert_no_alloc::{assert_no_alloc, reset_violation_count, violation_count};
 use qtts::audio::{ring, AudioSink, FRAME_SAMPLES};
-
-#[global_allocator]
-static ALLOC: AllocDisabler = AllocDisabler;
 
 const PERIOD: usize = 480; // 20 ms
 

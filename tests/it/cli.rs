@@ -1,7 +1,7 @@
 //! The `qtts` binary: `synth` against the oracle through the whole pipeline, standard input,
 //! `speak` through cpal on ALSA's `null` device, and the messages users get.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -428,7 +428,7 @@ fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
             "--decoder",
             "f32",
             "--plan",
-            "default,cp-shared",
+            "default,code-predictor-shared",
             "--tiers",
             &format!("{},scalar", qtts::kernels::active()),
             "--frames",
@@ -456,8 +456,8 @@ fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
     assert!(
         table
             .lines()
-            .any(|l| l.starts_with("f32 (dec f32, cp-shared)")),
-        "no cp-shared row in\n{table}"
+            .any(|l| l.starts_with("f32 (dec f32, code-predictor-shared)")),
+        "no code-predictor-shared row in\n{table}"
     );
     assert!(
         !table.contains("reference"),
@@ -483,7 +483,7 @@ fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
     };
     assert_eq!(all.as_array().unwrap().len(), 2 * n_tiers);
     assert_eq!(all[0]["plan"], "default");
-    assert_eq!(all[n_tiers]["plan"], "cp-shared");
+    assert_eq!(all[n_tiers]["plan"], "code-predictor-shared");
     assert_eq!(all[0]["tier"], best.name());
     for c in all.as_array().unwrap() {
         for run in c["runs"].as_array().unwrap() {

@@ -1,7 +1,7 @@
 //! The code predictor against the oracle's `cp_frame` (tiny and tiny17): hidden states and every
 //! head's logits within 1e-4, the 15 greedy codes exact.
 
-mod common;
+use crate::common;
 
 use common::max_abs;
 
@@ -212,8 +212,13 @@ fn kv_cached_frame_equals_full_recompute() {
 /// `QTTS_PROFILE=1` splits each frame's time by sub-step and kind, and counts frames.
 #[test]
 fn profile_accounts_for_every_frame() {
-    // Read once, at load; other tests of this binary only get profiled too.
-    std::env::set_var("QTTS_PROFILE", "1");
+    // Read once, at load: set in a process of its own.
+    if !common::own_process(
+        "code_predictor::profile_accounts_for_every_frame",
+        &[("QTTS_PROFILE", "1")],
+    ) {
+        return;
+    }
     let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
     let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
     let o = common::oracle(&common::fixture("tiny").join("oracle/cp_frame.safetensors"));

@@ -2,7 +2,7 @@
 //! tiny17: language english, speaker vivian, greedy, repetition penalty 1.05): the built prefill and
 //! every step input within 1e-4, the raw talker logits within 1e-4, and the greedy codes exact.
 
-mod common;
+use crate::common;
 
 use common::max_abs;
 use qtts::code_predictor::CodePredictor;

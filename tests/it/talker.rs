@@ -2,7 +2,7 @@
 //! the oracle's `talker_forward` (tiny, tiny17): final-normed hidden states and codec logits of
 //! every position within 1e-4.
 
-mod common;
+use crate::common;
 
 use common::max_abs;
 use qtts::ffi::{EmbdBatch, LlamaContext, LlamaModel};
@@ -12,7 +12,7 @@ use qtts::model::convert::OutType;
 fn talker_forward_matches_the_oracle() {
     for name in ["tiny", "tiny17"] {
         let (_tmp, out) = common::convert_tiny(name, OutType::F32);
-        let model = LlamaModel::load(&out.talker).unwrap();
+        let model = LlamaModel::load(&qtts::model::validate::talker(&out.talker).unwrap()).unwrap();
         let o = common::oracle(&common::fixture(name).join("oracle/talker_forward.safetensors"));
         let h = model.n_embd();
         let x = &o["inputs_embeds"];
@@ -46,7 +46,7 @@ fn talker_forward_matches_the_oracle() {
 #[test]
 fn talker_steps_through_the_kv_cache() {
     let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
-    let model = LlamaModel::load(&out.talker).unwrap();
+    let model = LlamaModel::load(&qtts::model::validate::talker(&out.talker).unwrap()).unwrap();
     let o = common::oracle(&common::fixture("tiny").join("oracle/talker_forward.safetensors"));
     let h = model.n_embd();
     let x = &o["inputs_embeds"];
@@ -88,7 +88,7 @@ fn generate_teacher_forced_matches_the_oracle() {
     use qtts::gguf::GgufFile;
     for name in ["tiny", "tiny17"] {
         let (_tmp, out) = common::convert_tiny(name, OutType::F32);
-        let model = LlamaModel::load(&out.talker).unwrap();
+        let model = LlamaModel::load(&qtts::model::validate::talker(&out.talker).unwrap()).unwrap();
         let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
         let pool = Threadpool::new(1, &[]).unwrap();
         let h = model.n_embd();

@@ -1,6 +1,6 @@
 //! The checkpoint reader against the oracle's tiny checkpoints and the published configs.
 
-mod common;
+use crate::common;
 
 use qtts::model::checkpoint::{expected_tensors, Checkpoint};
 use qtts::model::config::{CheckpointConfig, ModelType};
@@ -37,7 +37,7 @@ fn tiny_checkpoints_match_the_spec_exactly() {
 /// with the facts of MODEL-NOTES.md §2.
 #[test]
 fn published_configs_parse() {
-    let root = common::shared("qwen3-tts/configs");
+    let root = common::fixture("configs");
     for (name, hidden, ty, speakers) in [
         ("Qwen3-TTS-12Hz-0.6B-Base", 1024, ModelType::Base, 0),
         (
@@ -127,7 +127,7 @@ fn config_errors_name_file_and_field() {
 #[test]
 fn presets_equal_the_published_configs() {
     use qtts::model::config::Preset;
-    let root = common::shared("qwen3-tts/configs");
+    let root = common::fixture("configs");
     for p in [
         Preset::Small06CustomVoice,
         Preset::Small06Base,

@@ -2,7 +2,7 @@
 //! through the threads, bit-equality with the serial run, determinism, cancellation and
 //! backpressure.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -231,6 +231,10 @@ fn threads_settled(want: usize) -> usize {
 
 #[test]
 fn cancels_at_random_points_leave_nothing_behind() {
+    // Counts the process's threads: alone in a process.
+    if !common::own_process("engine::cancels_at_random_points_leave_nothing_behind", &[]) {
+        return;
+    }
     let _guard = serial_guard();
     let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
     let mut engine = Engine::load(&files(&out), config()).unwrap();
@@ -280,6 +284,13 @@ fn cancels_at_random_points_leave_nothing_behind() {
 
 #[test]
 fn dropping_the_engine_joins_its_threads_and_errors_are_typed() {
+    // Counts the process's threads: alone in a process.
+    if !common::own_process(
+        "engine::dropping_the_engine_joins_its_threads_and_errors_are_typed",
+        &[],
+    ) {
+        return;
+    }
     let _guard = serial_guard();
     let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
     let before = threads();

@@ -2,7 +2,7 @@
 //! read back equals its source (bit for bit at f32; the projected text rows within 1e-5 of an f64
 //! reference computed here from the checkpoint).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 
@@ -256,7 +256,9 @@ fn llama_cpp_loads_the_converted_talker() {
         ("tiny17", OutType::Q4K),
     ] {
         let (_tmp, out) = common::convert_tiny(name, ty);
-        let model = qtts::ffi::LlamaModel::load(&out.talker).unwrap();
+        let model =
+            qtts::ffi::LlamaModel::load(&qtts::model::validate::talker(&out.talker).unwrap())
+                .unwrap();
         assert_eq!(model.n_embd(), 64, "{name} {ty:?}");
         assert_eq!(model.n_layer(), 2, "{name} {ty:?}");
         assert_eq!(model.n_vocab(), 1024 + 3072, "{name} {ty:?}");
@@ -389,8 +391,15 @@ fn llama_cpp_and_mtmd_load_a_converted_base_model() {
         .unwrap();
     for ty in [OutType::F32, OutType::Q8_0] {
         let out = convert(&ckpt, None, &tmp.path().join(ty.name()), ty, &mut |_, _| {}).unwrap();
-        let talker = qtts::ffi::LlamaModel::load(&out.talker).unwrap();
+        let talker =
+            qtts::ffi::LlamaModel::load(&qtts::model::validate::talker(&out.talker).unwrap())
+                .unwrap();
         assert_eq!((talker.n_embd(), talker.n_vocab()), (64, 1024 + 3072));
-        qtts::ffi::Mmproj::load(&out.mmproj, &talker, 1).unwrap();
+        qtts::ffi::Mmproj::load(
+            &qtts::model::validate::mmproj(&out.mmproj).unwrap(),
+            &talker,
+            1,
+        )
+        .unwrap();
     }
 }

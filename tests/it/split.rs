@@ -2,13 +2,13 @@
 //! paragraph is cut into segments within the token limit, at the best boundary available, and
 //! nothing but whitespace is lost.
 
-mod common;
+use crate::common;
 
 use qtts::text::split::{normalize, split, Cut, Segment};
 use qtts::text::Tokenizer;
 
 fn tokenizer() -> Tokenizer {
-    Tokenizer::from_dir(&common::shared("qwen3-tts/tokenizer")).unwrap()
+    Tokenizer::from_dir(&common::tokenizer_dir()).unwrap()
 }
 
 /// Segments are in order, each within the limit and counted right, and the text between them is

@@ -2,7 +2,7 @@
 //! directory name, a checkpoint changed in place, `--exact` from a checkpoint against the oracle,
 //! an unwritable cache, a full disk, two processes converting at once, and `qtts cache`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -2,7 +2,7 @@
 //! stage and the waveform within 1e-4; streaming in any chunk sizes equals one-shot decoding; bad
 //! codes give a typed error before any compute.
 
-mod common;
+use crate::common;
 
 use common::max_abs;
 

@@ -16,7 +16,7 @@ use unicode_normalization::UnicodeNormalization;
 const TEXT_VOCAB: usize = 151_936;
 
 fn tokenizer_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tts/tokenizer")
+    crate::common::tokenizer_dir()
 }
 
 fn fixture(name: &str) -> PathBuf {

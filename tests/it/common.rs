@@ -1,5 +1,4 @@
 //! Paths shared by the integration tests.
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 
@@ -11,12 +10,24 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// `../shared/<rel>`: the published configs and tokenizer, which stay outside the project.
-pub fn shared(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("shared")
-        .join(rel)
+/// The released Qwen3-TTS tokenizer (`vocab.json`, `merges.txt`, `tokenizer_config.json`), which
+/// stays outside the project: `$QTTS_TOKENIZER`, else `../shared/qwen3-tts/tokenizer` beside this
+/// checkout. When neither holds it, the test fails saying where to get it: a test that needs the
+/// real tokenizer never passes without it.
+pub fn tokenizer_dir() -> PathBuf {
+    let dir = match std::env::var_os("QTTS_TOKENIZER") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tts/tokenizer"),
+    };
+    assert!(
+        dir.join("vocab.json").is_file() && dir.join("merges.txt").is_file(),
+        "this test needs the released Qwen3-TTS tokenizer and {} has no vocab.json and \
+         merges.txt: copy them (with tokenizer_config.json) from any Qwen3-TTS checkpoint \
+         (e.g. huggingface.co/Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice) into a directory and set \
+         QTTS_TOKENIZER to it",
+        dir.display()
+    );
+    dir
 }
 
 /// Writes the tiny fixtures' tokenizer into `dir` (see `qtts::model::testing`).
@@ -159,4 +170,32 @@ pub fn rewrite(
         }
     }
     w.finish().unwrap();
+}
+
+/// Runs test `name` (its path in this crate, e.g. `engine::some_test`) alone in a child process of
+/// this test binary, with `env` added, for a test that reads process-wide state (the process's
+/// thread count, an environment variable read at load) while the other tests of the crate run
+/// beside it. Returns true in the child, where the caller goes on with the test's body, and false
+/// in the parent once the child passed; panics with the child's output if it failed.
+pub fn own_process(name: &str, env: &[(&str, &str)]) -> bool {
+    const CHILD: &str = "QTTS_IT_OWN_PROCESS";
+    if std::env::var_os(CHILD).is_some() {
+        return true;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env(CHILD, "1")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{name}, in a process of its own: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    false
 }

@@ -2,7 +2,7 @@
 //! variant before llama.cpp or ggml sees it, and without an abort (this process survives them all,
 //! through the same `LlamaModel::load` / `Mmproj::load` gates the engine uses).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 
@@ -611,7 +611,10 @@ fn inconsistent_models_are_rejected_before_llama_cpp() {
             n += 1;
             common::rewrite(src, &dst, edit);
             let err = if is_talker {
-                qtts::ffi::LlamaModel::load(&dst).map(|_| ()).unwrap_err()
+                qtts::model::validate::talker(&dst)
+                    .and_then(|v| qtts::ffi::LlamaModel::load(&v))
+                    .map(|_| ())
+                    .unwrap_err()
             } else {
                 qtts::model::validate::mmproj_file(&dst).unwrap_err()
             };

@@ -1,0 +1,31 @@
+//! The integration tests, one crate so that llama.cpp links once: each module is one subject
+//! (`engine`, `decoder`, `cli`, ...); `common` holds the paths and helpers they share.
+//!
+//! Run one subject with `cargo test --release --test it engine::`.
+
+// The audio tests check that the device side of the ring never allocates (`audio`); the
+// allocator only counts inside `assert_no_alloc` scopes, so the other tests are unaffected.
+#[global_allocator]
+static ALLOC: assert_no_alloc::AllocDisabler = assert_no_alloc::AllocDisabler;
+
+#[allow(dead_code)]
+mod common;
+
+mod audio;
+mod cache;
+mod checkpoint;
+mod cli;
+mod code_predictor;
+mod convert;
+mod corrupt;
+mod decoder;
+mod engine;
+mod ffi;
+mod ffi_ops;
+mod generate;
+mod gguf;
+mod kernels;
+mod sampling;
+mod split;
+mod talker;
+mod tokenizer;
