@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod model;
 mod qwen3;
 pub mod sampling;
+mod sync;
 pub mod synth;
 pub mod talker;
 pub mod text;

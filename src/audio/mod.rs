@@ -18,12 +18,17 @@
 //!   a start-up buffer against the onset underrun. A period the ring cannot fill while the
 //!   utterance is still being produced is an underrun: counted, and its period index recorded
 //!   (the first [`UNDERRUN_LOG`]).
-//! - Cancelling flushes the ring: the next device period is silent.
+//! - Cancelling flushes the ring: the next device period is silent, and drops the cancelled audio
+//!   only (a request started right after plays whole). The two halves share counters only
+//!   ([`Shared`], `handoff`), checked under every interleaving by a loom model.
 
 #[cfg(feature = "playback")]
 pub mod cpal_out;
+mod handoff;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+pub use handoff::{Shared, UNDERRUN_LOG};
+
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,8 +39,6 @@ use ringbuf::{HeapCons, HeapProd, HeapRb};
 pub const SAMPLE_RATE: u32 = 24_000;
 /// Samples per 80 ms frame.
 pub const FRAME_SAMPLES: usize = 1920;
-/// Underrun positions kept per [`Player`].
-pub const UNDERRUN_LOG: usize = 64;
 
 /// Milliseconds of `samples` at 24 kHz.
 pub fn samples_to_ms(samples: usize) -> f64 {
@@ -106,78 +109,24 @@ pub trait AudioSink: Send + std::any::Any {
     }
 }
 
-const IDLE: u8 = 0;
-const BUFFERING: u8 = 1;
-const PLAYING: u8 = 2;
-
-/// State shared by a [`RingSink`] and its [`Player`]: atomics only.
-#[derive(Debug)]
-pub struct Shared {
-    state: AtomicU8,
-    ended: AtomicBool,
-    flush: AtomicBool,
-    prebuffer: usize,
-    periods: AtomicU64,
-    played: AtomicU64,
-    underruns: AtomicU64,
-    underrun_at: [AtomicU64; UNDERRUN_LOG],
-}
-
-impl Shared {
-    /// Underruns so far.
-    pub fn underruns(&self) -> u64 {
-        self.underruns.load(Ordering::Acquire)
-    }
-
-    /// The device periods (0-based, counted since the player was made) of the first
-    /// [`UNDERRUN_LOG`] underruns.
-    pub fn underrun_periods(&self) -> Vec<u64> {
-        let n = (self.underruns() as usize).min(UNDERRUN_LOG);
-        self.underrun_at[..n]
-            .iter()
-            .map(|a| a.load(Ordering::Acquire))
-            .collect()
-    }
-
-    /// Device periods so far.
-    pub fn periods(&self) -> u64 {
-        self.periods.load(Ordering::Acquire)
-    }
-
-    /// Samples played (popped from the ring) so far.
-    pub fn played(&self) -> u64 {
-        self.played.load(Ordering::Acquire)
-    }
-
-    /// Whether nothing is queued or playing.
-    pub fn is_idle(&self) -> bool {
-        self.state.load(Ordering::Acquire) == IDLE
-    }
-}
-
 /// Makes a ring of `capacity_ms` and its two halves; playback of each utterance waits for
 /// `prebuffer_ms` (at most the capacity).
 pub fn ring(capacity_ms: f64, prebuffer_ms: f64) -> (RingSink, Player) {
     let capacity = ms_to_samples(capacity_ms).max(FRAME_SAMPLES);
     let prebuffer = ms_to_samples(prebuffer_ms).min(capacity);
     let (prod, cons) = HeapRb::<f32>::new(capacity).split();
-    let shared = Arc::new(Shared {
-        state: AtomicU8::new(IDLE),
-        ended: AtomicBool::new(true),
-        flush: AtomicBool::new(false),
-        prebuffer,
-        periods: AtomicU64::new(0),
-        played: AtomicU64::new(0),
-        underruns: AtomicU64::new(0),
-        underrun_at: std::array::from_fn(|_| AtomicU64::new(0)),
-    });
+    let shared = Arc::new(Shared::new(prebuffer));
     (
         RingSink {
             prod,
             shared: shared.clone(),
             capacity,
         },
-        Player { cons, shared },
+        Player {
+            cons,
+            shared,
+            playing: false,
+        },
     )
 }
 
@@ -221,21 +170,15 @@ const POLL: Duration = Duration::from_millis(2);
 
 impl AudioSink for RingSink {
     fn begin(&mut self) -> Result<(), AudioError> {
-        self.shared.ended.store(false, Ordering::Release);
-        self.shared.flush.store(false, Ordering::Release);
         // A tail of the previous utterance still playing keeps playing; else wait to prebuffer.
-        let _ = self.shared.state.compare_exchange(
-            IDLE,
-            BUFFERING,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
+        self.shared.begin();
         Ok(())
     }
 
     fn write(&mut self, mut pcm: &[f32], cancel: &AtomicBool) -> Result<(), AudioError> {
         loop {
             let n = self.prod.push_slice(pcm);
+            self.shared.pushed(n);
             pcm = &pcm[n..];
             if pcm.is_empty() {
                 return Ok(());
@@ -248,10 +191,10 @@ impl AudioSink for RingSink {
     }
 
     fn end(&mut self, cancel: &AtomicBool) -> Result<(), AudioError> {
-        self.shared.ended.store(true, Ordering::Release);
+        self.shared.end();
         loop {
             if cancel.load(Ordering::Acquire) {
-                self.shared.flush.store(true, Ordering::Release);
+                self.shared.cancel();
                 return Ok(());
             }
             if self.shared.is_idle() {
@@ -270,6 +213,8 @@ impl AudioSink for RingSink {
 pub struct Player {
     cons: HeapCons<f32>,
     shared: Arc<Shared>,
+    /// Whether an utterance is playing (else idle, or waiting for its prebuffer).
+    playing: bool,
 }
 
 impl Player {
@@ -281,40 +226,25 @@ impl Player {
     /// Fills one device period of mono samples: queued audio, silence where there is none.
     /// Allocation-, lock- and syscall-free.
     pub fn fill(&mut self, out: &mut [f32]) {
-        let s = &*self.shared;
-        let period = s.periods.fetch_add(1, Ordering::AcqRel);
-        if s.flush.swap(false, Ordering::AcqRel) {
-            self.cons.clear();
-            s.state.store(IDLE, Ordering::Release);
-        }
-        let mut state = s.state.load(Ordering::Acquire);
-        if state == BUFFERING
-            && (self.cons.occupied_len() >= s.prebuffer || s.ended.load(Ordering::Acquire))
-        {
-            state = PLAYING;
-            s.state.store(PLAYING, Ordering::Release);
-        }
-        if state != PLAYING {
-            out.fill(0.0);
-            return;
-        }
-        // Read `ended` before popping: samples pushed before the end flag are then all visible.
-        let ended = s.ended.load(Ordering::Acquire);
-        let n = self.cons.pop_slice(out);
-        s.played.fetch_add(n as u64, Ordering::AcqRel);
-        if n < out.len() {
-            out[n..].fill(0.0);
-            if ended {
-                s.state.store(IDLE, Ordering::Release);
-            } else {
-                let k = s.underruns.fetch_add(1, Ordering::AcqRel) as usize;
-                if let Some(slot) = s.underrun_at.get(k) {
-                    slot.store(period, Ordering::Release);
-                }
-            }
-        } else if ended && self.cons.occupied_len() == 0 {
-            s.state.store(IDLE, Ordering::Release);
-        }
+        self.shared
+            .fill(&mut Queue(&mut self.cons), &mut self.playing, out);
+    }
+}
+
+/// The ring's consumer half as the player's [`handoff::Source`].
+struct Queue<'a>(&'a mut HeapCons<f32>);
+
+impl handoff::Source for Queue<'_> {
+    fn queued(&self) -> usize {
+        self.0.occupied_len()
+    }
+
+    fn pop(&mut self, out: &mut [f32]) -> usize {
+        self.0.pop_slice(out)
+    }
+
+    fn drop_queued(&mut self, n: usize) -> usize {
+        self.0.skip(n)
     }
 }
 

@@ -151,6 +151,9 @@ impl OwnedGraph {
     }
 
     /// `allocate`: use the graph allocator, keeping tensors named with this prefix as outputs.
+    ///
+    /// # Safety
+    /// As [`OwnedGraph::build`].
     pub(super) unsafe fn build_in(
         ctx: Context,
         build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,

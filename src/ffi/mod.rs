@@ -45,6 +45,10 @@ use crate::error::ModelError;
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 static INIT: Once = Once::new();
 
+/// llama.cpp's and ggml's log callback (see [`install_logging`]).
+///
+/// # Safety
+/// Called by ggml only, with `text` NULL or a NUL-terminated string.
 unsafe extern "C" fn log_sink(level: sys::ggml_log_level, text: *const c_char, _user: *mut c_void) {
     if text.is_null() {
         return;

@@ -120,3 +120,40 @@ fn cancel_flushes_within_one_period() {
         Err(qtts::audio::AudioError::Cancelled)
     ));
 }
+
+/// Barge-in: a request started right after a cancel, before the device's next period, plays
+/// whole and in order; nothing of the cancelled one plays after it, and its end waits for it.
+#[test]
+fn a_request_started_right_after_a_cancel_plays_whole() {
+    let (mut sink, mut player) = ring(1000.0, 0.0);
+    let mut buf = vec![0.0; PERIOD];
+    let cancel = AtomicBool::new(false);
+    sink.begin().unwrap();
+    for k in 0..3 {
+        sink.write(&frame(k), &cancel).unwrap();
+    }
+    player.fill(&mut buf);
+    cancel.store(true, std::sync::atomic::Ordering::Release);
+    sink.end(&cancel).unwrap();
+    // The next request, before the device's next period.
+    let go = AtomicBool::new(false);
+    sink.begin().unwrap();
+    sink.write(&frame(7), &go).unwrap();
+    assert!(!sink.shared().is_idle(), "idle with an utterance going");
+    let mut played = Vec::new();
+    for _ in 0..FRAME_SAMPLES / PERIOD + 2 {
+        player.fill(&mut buf);
+        played.extend_from_slice(&buf);
+    }
+    let sound: Vec<f32> = played.into_iter().filter(|&x| x != 0.0).collect();
+    assert!(
+        sound == frame(7),
+        "played {} samples, not the new frame",
+        sound.len()
+    );
+    std::thread::scope(|s| {
+        s.spawn(|| player.fill(&mut buf));
+        sink.end(&go).unwrap();
+    });
+    assert!(sink.shared().is_idle());
+}

@@ -24,8 +24,15 @@ mod ffi;
 mod ffi_ops;
 mod generate;
 mod gguf;
-mod kernels;
+mod handoff_model;
+mod layout;
+
 mod sampling;
 mod split;
 mod talker;
 mod tokenizer;
+
+/// `crate::sync` for the lock-free files the loom models compile (`handoff_model`): loom's atomics.
+mod sync {
+    pub(crate) use loom::sync::atomic;
+}

@@ -49,6 +49,11 @@ pub struct AttendOne {
 pub type AttendKernel = unsafe fn(a: &AttendOne, h0: usize, h1: usize);
 
 /// ggml's side of [`Context::attend_one`]: splits the query heads over the graph's threads.
+///
+/// # Safety
+/// Called by ggml only, on every thread of the graph computing the node this module built: `dst`
+/// is that node, its sources and `userdata` are what the builder put there, and thread `ith` of
+/// `nth` writes only its own share of `dst`.
 unsafe extern "C" fn attend_one_trampoline(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,
@@ -243,6 +248,11 @@ impl Context {
 }
 
 /// ggml's side of [`Context::attend_q8_row`]: splits the key/value heads over the threads.
+///
+/// # Safety
+/// Called by ggml only, on every thread of the graph computing the node this module built: `dst`
+/// is that node, its sources and `userdata` are what the builder put there, and thread `ith` of
+/// `nth` writes only its own share of `dst`.
 unsafe extern "C" fn attend_q8_trampoline(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,

@@ -80,6 +80,11 @@ impl Epilogue {
 /// threads, each thread one `sgemm` per tap (one in all when the taps are adjacent); a bf16 kernel
 /// splits the 32 × 32 output blocks of [`bf16::conv`]. Each thread adds the epilogue to its own
 /// rows or blocks.
+///
+/// # Safety
+/// Called by ggml only, on every thread of the graph computing the node this module built: `dst`
+/// is that node, its sources and `userdata` are what the builder put there, and thread `ith` of
+/// `nth` writes only its own share of `dst`.
 unsafe extern "C" fn conv_gemm_trampoline(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,

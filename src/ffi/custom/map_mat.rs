@@ -7,6 +7,11 @@ use crate::kernels::MatKernel;
 
 /// ggml's side of [`Context::map_mat_in`]: splits the weight rows over the graph's threads in
 /// whole groups of `G` rows.
+///
+/// # Safety
+/// Called by ggml only, on every thread of the graph computing the node this module built: `dst`
+/// is that node, its sources and `userdata` are what the builder put there, and thread `ith` of
+/// `nth` writes only its own share of `dst`.
 unsafe extern "C" fn map_mat_trampoline<const G: usize>(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,

@@ -100,6 +100,11 @@ pub type RowKernel3 = fn(&[f32], &[f32], &[f32], &mut [f32]);
 
 /// ggml's side of [`Context::rows3`]: splits the rows of `a` over the graph's threads and calls
 /// the kernel carried in `userdata` on each.
+///
+/// # Safety
+/// Called by ggml only, on every thread of the graph computing the node this module built: `dst`
+/// is that node, its sources and `userdata` are what the builder put there, and thread `ith` of
+/// `nth` writes only its own share of `dst`.
 unsafe extern "C" fn rows3_trampoline(
     dst: *mut sys::ggml_tensor,
     a: *const sys::ggml_tensor,
@@ -211,6 +216,11 @@ impl Context {
 
 /// ggml's side of [`Context::rows3_after`]: splits the rows of `dst` over the graph's threads;
 /// the first rows are copies of `head`'s, the others the kernel of `x`'s rows.
+///
+/// # Safety
+/// Called by ggml only, on every thread of the graph computing the node this module built: `dst`
+/// is that node, its sources and `userdata` are what the builder put there, and thread `ith` of
+/// `nth` writes only its own share of `dst`.
 unsafe extern "C" fn rows3_after_trampoline(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,
@@ -287,6 +297,11 @@ impl Context {
 
 /// ggml's side of [`Context::append`]: the output's bytes split evenly over the graph's threads,
 /// each thread copying its share from the first source's bytes, then the second's.
+///
+/// # Safety
+/// Called by ggml only, on every thread of the graph computing the node this module built: `dst`
+/// is that node, its sources and `userdata` are what the builder put there, and thread `ith` of
+/// `nth` writes only its own share of `dst`.
 unsafe extern "C" fn append_trampoline(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,

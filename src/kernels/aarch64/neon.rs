@@ -162,6 +162,9 @@ unsafe fn splat4(p: *const i8) -> int8x16_t {
 }
 
 /// The 16 rows' results of one group as four vectors, stored.
+///
+/// # Safety
+/// The CPU has NEON (every aarch64 does; the tier's check).
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn store16(acc: [float32x4_t; 4]) -> [f32; GROUP] {

@@ -230,6 +230,9 @@ pub(crate) type GroupDots<P, const M: usize> =
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
     allow(dead_code)
 )]
+/// # Safety
+/// The CPU has the features of `kernel`, and the pointers and lengths are those of
+/// [`MatKernel`]'s contract.
 pub(crate) unsafe fn mat_groups<P: Fill>(
     scratch: &'static LocalKey<RefCell<Vec<P>>>,
     block: usize,

@@ -73,6 +73,9 @@ pub unsafe fn dot_lanes(a: &[f32], b: &[f32], lanes: &mut [f32; LANES]) {
 
 /// The first multiple-of-8 part of the row; returns how many elements it did. Vectors with a
 /// lane beyond [`REDUCED`] (or NaN) are done with the scalar [`sin2`].
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (`Tier::Avx2`); `alpha`, `inv_beta` and `y` are at least as long as `x`.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn snake_row(x: &[f32], alpha: &[f32], inv_beta: &[f32], y: &mut [f32]) -> usize {
     let n = x.len() / 8 * 8;
@@ -131,6 +134,9 @@ crate::kernels::quant::packed_kernels!(q8_0_dots, q4_k_dots);
 const AHEAD: usize = 16 * 1024;
 
 /// The 16 rows' results of one group as two vectors, stored.
+///
+/// # Safety
+/// The CPU has AVX (called from AVX2 kernels only).
 #[inline(always)]
 unsafe fn store16(acc: [__m256; 2]) -> [f32; GROUP] {
     let mut out = [0f32; GROUP];
@@ -220,6 +226,9 @@ macro_rules! byte_of {
 }
 
 /// Each byte of a 32-byte vector set to 16 where bit `i` of `mask` is set (byte `i`), else 0.
+///
+/// # Safety
+/// The CPU has AVX2 (called from AVX2 kernels only).
 #[inline(always)]
 unsafe fn mask16(mask: u32) -> __m256i {
     // SAFETY: register operations only (the caller has AVX2).

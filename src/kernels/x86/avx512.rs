@@ -34,6 +34,9 @@ pub unsafe fn dot_lanes(a: &[f32], b: &[f32], lanes: &mut [f32; LANES]) {
 
 /// [`super::avx2::snake_row`] 16 lanes at a time: the first multiple-of-16 part of the row, the
 /// same operations in the same order.
+///
+/// # Safety
+/// The CPU has AVX-512 F (`Tier::Avx512`); `alpha`, `inv_beta` and `y` are at least as long as `x`.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn snake_row(x: &[f32], alpha: &[f32], inv_beta: &[f32], y: &mut [f32]) -> usize {
     let n = x.len() / 16 * 16;
