@@ -110,7 +110,8 @@ impl Shared {
         // Read the end mark before the ring: the samples up to it are then all queued.
         let end = self.end_mark.load(Ordering::Acquire);
         let ended = end != OPEN;
-        if !*playing && !(ended && consumed >= end) {
+        let played_out = ended && consumed >= end;
+        if !*playing && !played_out {
             // Start once the prebuffer is queued, or at once when the utterance has ended.
             *playing = ended || source.queued() as u64 >= self.prebuffer;
         }
