@@ -16,6 +16,7 @@
 //! - The KV cache is overwritten from position 0 every frame: positions restart at 0 per frame,
 //!   as in the reference (a fresh `DynamicCache` per `code_predictor.generate`).
 
+mod graph;
 pub mod heads;
 
 use heads::Heads;
@@ -24,11 +25,12 @@ use crate::error::ModelError;
 use crate::ffi::{Context, GgmlError, OwnedGraph, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
 use crate::kernels::dot::Kernel;
-use crate::kernels::quant::{self, QType};
 pub use crate::qwen3::LayerKernel;
-use crate::qwen3::{
-    self, layer_product, packed_type, repack, write_layer_joined, write_product_weight, JOINED,
-};
+use crate::qwen3::{packed_type, repack, write_layer_joined, write_product_weight, JOINED};
+use graph::build_step;
+use graph::build_steps;
+use graph::load_heads;
+use graph::HEAD;
 
 /// Positions per frame: the talker's hidden state, codebook 0, then codebooks 1..14 (15 is never
 /// fed back).
@@ -614,189 +616,4 @@ impl CodePredictor {
         out.copy_from_slice(&codes[1..]);
         Ok((out, all))
     }
-}
-
-/// The code predictor's names of the layer tensors the talker names differently.
-const NAMES: qwen3::Names = qwen3::Names {
-    attn_norm: "ln1.weight",
-    attn_out: "attn_out.weight",
-    ffn_norm: "ln2.weight",
-};
-
-/// The 15 sample heads' tensor (`[width, n_codes, 15]`): used on the host only (see [`Heads`]).
-const HEAD: &str = "a.gen.code.head.weight";
-
-/// The sample heads from the file: q8_0 rows when the file stores them quantized (the model was
-/// converted lossy, and q8_0 is a quarter of f32's memory traffic per sub-step), else exact f32
-/// rows. Dequantized one head at a time, so loading never holds all 15 in f32.
-fn load_heads(f: &GgufFile, g: &Geometry) -> Result<Heads, ModelError> {
-    let missing = || ModelError::MissingTensor {
-        path: f.path().into(),
-        tensor: HEAD.into(),
-    };
-    let head = f.header.tensor(HEAD).ok_or_else(missing)?;
-    let data = f.tensor_data(HEAD).ok_or_else(missing)?;
-    let per_head = g.n_codes * g.n_embd;
-    let n = head.ne.iter().product::<u64>() as usize;
-    let quantized = !matches!(head.ty, GgmlType::F32 | GgmlType::F16);
-    if !quantized || !g.n_embd.is_multiple_of(32) || per_head == 0 || !n.is_multiple_of(per_head) {
-        let w = crate::ffi::dequantize(head.ty, data, n).map_err(ModelError::from)?;
-        return Ok(Heads::new(w, g.n_codes, g.n_embd, Kernel::active()));
-    }
-    let bytes_per_head = data.len() / (n / per_head);
-    let mut q8 = Vec::with_capacity(n / 32 * 34);
-    for chunk in data.chunks_exact(bytes_per_head) {
-        let w = crate::ffi::dequantize(head.ty, chunk, per_head).map_err(ModelError::from)?;
-        q8.extend(crate::ffi::quantize(GgmlType::Q8_0, &w, g.n_embd).map_err(ModelError::from)?);
-    }
-    Ok(Heads::from_q8_bytes(
-        &q8,
-        g.n_codes,
-        g.n_embd,
-        Kernel::active(),
-    ))
-}
-
-/// The graph of step `step` of a frame: step 0 is the prefill of positions 0 and 1 (hidden state
-/// and codebook 0) and predicts codebook 1; step k ≥ 1 feeds codebook k at position k + 1 and
-/// predicts codebook k + 1, reading positions 0..k from the KV cache.
-///
-/// With `cached` false the graph instead recomputes every position 0..=k+1 from its input codes
-/// (`in.codes`: codebooks 0..=k) without touching the cache: the reference the cached graphs are
-/// tested against.
-fn build_step(
-    w: &Context,
-    heads: Option<&Context>,
-    g: &Geometry,
-    step: usize,
-    cached: bool,
-    kernel: LayerKernel,
-) -> Result<OwnedGraph, GgmlError> {
-    let (t_len, p0) = match (cached, step) {
-        (false, _) => (step + 2, 0),
-        (true, 0) => (2, 0),
-        (true, _) => (1, step + 1),
-    };
-    let n_kv = p0 + t_len;
-    let mem = 2 * 1024 * 1024
-        + g.n_layer
-            * 4
-            * t_len
-            * (12 * g.n_embd
-                + 4 * g.n_ff
-                + 3 * g.n_head * n_kv
-                + 2 * g.head_dim * g.n_head_kv * n_kv)
-        + 4 * (g.n_talker * 3 + g.n_codes) * t_len * (step + 2);
-    let get = |n: &str| {
-        w.get(n).ok_or(GgmlError::Shape {
-            what: "weight",
-            expected: n.to_owned(),
-            found: "none".into(),
-        })
-    };
-    // SAFETY: the graph reads the weights and caches of `w`, which `CodePredictor` owns, never
-    // resets, and drops after its graphs (field order); the uncached graphs of
-    // `frame_recomputed` are dropped before that call returns.
-    unsafe {
-        OwnedGraph::build(mem, |c| {
-            // The input rows: the hidden state and codebook 0 at positions 0 and 1, then
-            // codebook k at position k + 1.
-            let mut x = if cached && step > 0 {
-                let code = c.new_i32(1)?.set_name("in.code");
-                let table = c.slice2d(get("a.gen.code.embd.weight")?, step - 1)?;
-                c.get_rows(table, code)?
-            } else {
-                let n_codes = if cached { 1 } else { step + 1 };
-                let codes =
-                    c.new_i32(n_codes)?
-                        .set_name(if cached { "in.code" } else { "in.codes" });
-                let hidden = c.new_f32(&[g.n_talker, 1])?.set_name("in.hidden");
-                let one = |k: usize| c.view(codes, [1, 1, 1], [4, 4, 4], 4 * k);
-                let mut x = c.concat(
-                    hidden,
-                    c.get_rows(get("a.gen.code.out_embd.weight")?, one(0)?)?,
-                    1,
-                )?;
-                for k in 1..n_codes {
-                    let table = c.slice2d(get("a.gen.code.embd.weight")?, k - 1)?;
-                    x = c.concat(x, c.get_rows(table, one(k)?)?, 1)?;
-                }
-                x
-            };
-            if g.proj_in {
-                x = layer_product(c, get("a.gen.code.proj_in.weight")?, x, kernel)?;
-                x = c.add(x, get("a.gen.code.proj_in.bias")?)?;
-            }
-            let pos = c.new_i32(t_len)?;
-            pos.write_i32(&(p0..p0 + t_len).map(|p| p as i32).collect::<Vec<_>>())?;
-            let mask = if t_len > 1 {
-                let m = c.new_f32(&[n_kv, t_len])?;
-                m.write_f32(&qwen3::causal_mask(t_len, p0))?;
-                Some(m)
-            } else {
-                None
-            };
-            let mut outs = Vec::new();
-            let dims = qwen3::Dims {
-                n_head: g.n_head,
-                n_head_kv: g.n_head_kv,
-                head_dim: g.head_dim,
-                eps: g.eps,
-                theta: g.theta,
-            };
-            for l in 0..g.n_layer {
-                let p = |n: &str| get(&format!("a.gen.code.blk.{l}.{n}"));
-                let kv = if cached {
-                    qwen3::Kv::Cache {
-                        k: get(&format!("cache.k.{l}"))?,
-                        v: get(&format!("cache.v.{l}"))?,
-                        p0,
-                    }
-                } else {
-                    qwen3::Kv::Inline
-                };
-                x = qwen3::layer(c, &p, NAMES, dims, x, pos, mask, kv, kernel, &mut outs)?;
-            }
-            let hidden = c
-                .mul(c.rms_norm(x, g.eps)?, get("a.gen.code.output_norm.weight")?)?
-                .set_name("out.hidden");
-            let nb = [4, 4 * g.n_embd, 4 * g.n_embd];
-            let last = c.view(hidden, [g.n_embd, 1, 1], nb, (t_len - 1) * 4 * g.n_embd)?;
-            let last = c.cont(last)?.set_name("out.last");
-            outs.push(hidden);
-            outs.push(last);
-            // The step's sample head as the graph's last node, on the pool's threads
-            // (`CodePredictor::pack_heads`).
-            if let Some(h) = heads.filter(|_| cached) {
-                let head = h.get(&format!("head.{step}")).ok_or(GgmlError::Shape {
-                    what: "sample head",
-                    expected: format!("head.{step}"),
-                    found: "none".into(),
-                })?;
-                // Packed heads exist only where the tier has the kernel (`Heads::to_packed`).
-                let kernel = quant::packed_kernel(QType::Q8_0, crate::kernels::caps()).ok_or(
-                    GgmlError::Shape {
-                        what: "packed sample heads",
-                        expected: "a kernel tier with a packed q8_0 kernel".into(),
-                        found: crate::kernels::active().to_string(),
-                    },
-                )?;
-                let logits = c.map_mat_in::<{ quant::GROUP }>(head, last, kernel)?;
-                outs.push(logits.set_name("out.logits"));
-            }
-            Ok(outs.into_iter().map(|t| t.node()).collect())
-        })
-    }
-}
-
-/// The cached graphs of a frame's 15 steps (see [`build_step`]).
-fn build_steps(
-    w: &Context,
-    heads: Option<&Context>,
-    g: &Geometry,
-    kernel: LayerKernel,
-) -> Result<Vec<OwnedGraph>, ModelError> {
-    (0..POSITIONS - 1)
-        .map(|step| build_step(w, heads, g, step, true, kernel).map_err(ModelError::from))
-        .collect()
 }
