@@ -32,7 +32,7 @@ fn bench(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("cp frame, {threads} thread(s)"));
         g.sample_size(20);
         for ty in TYPES {
-            let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
+            let f = GgufFile::open(qtts::model::ModelFiles::converted_in(&dir, ty).mmproj).unwrap();
             let mut cp = CodePredictor::load(&f).unwrap();
             let greedy = &mut |_: usize, l: &[f32]| qtts::sampling::argmax(l);
             for _ in 0..10 {
@@ -79,7 +79,7 @@ fn bench(c: &mut Criterion) {
         let mut g = c.benchmark_group("cp frame, quantized layer products, 1 thread");
         g.sample_size(20);
         for ty in [OutType::Q4K, OutType::Q8_0] {
-            let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
+            let f = GgufFile::open(qtts::model::ModelFiles::converted_in(&dir, ty).mmproj).unwrap();
             let mut cp = CodePredictor::load(&f).unwrap();
             for kernel in [LayerKernel::Ggml, LayerKernel::Packed] {
                 cp.set_layer_kernel(kernel).unwrap();

@@ -59,7 +59,7 @@ fn bench(c: &mut Criterion) {
             eprintln!("{label}: skipped, this CPU lacks the instructions");
             continue;
         }
-        let f = GgufFile::open(qtts::bench::model_files(&dir, ty).mmproj).unwrap();
+        let f = GgufFile::open(qtts::model::ModelFiles::converted_in(&dir, ty).mmproj).unwrap();
         let q8 = q8.then_some(qtts::gguf::GgmlType::Q8_0);
         let mut voc = match bf16 {
             Some(k) => Decoder::load_bf16(&f, k).unwrap(),

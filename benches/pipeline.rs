@@ -22,10 +22,10 @@ mod common;
 use std::time::Duration;
 
 use qtts::audio::MemorySink;
-use qtts::bench::{median, model_files};
 use qtts::engine::serial::Serial;
 use qtts::engine::{DecoderWeights, Engine, EngineConfig, Request, Summary, ThreadPlan};
 use qtts::model::convert::OutType;
+use qtts::model::ModelFiles;
 
 fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key)
@@ -44,7 +44,7 @@ fn main() {
     let frames: usize = env("QTTS_BENCH_FRAMES", 24);
     let runs: usize = env("QTTS_BENCH_RUNS", 3);
     let dir = common::models(&[ty]);
-    let files = model_files(&dir, ty);
+    let files = ModelFiles::converted_in(&dir, ty);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut config = EngineConfig {
         decoder: match std::env::var("QTTS_BENCH_DECODER").as_deref() {
@@ -121,7 +121,12 @@ fn main() {
         s_ttfa.push(ms(s.ttfa));
         last = Some((p, s));
     }
-    let (pr, pt, sr, st) = (median(p_rtf), median(p_ttfa), median(s_rtf), median(s_ttfa));
+    let (pr, pt, sr, st) = (
+        common::median(p_rtf),
+        common::median(p_ttfa),
+        common::median(s_rtf),
+        common::median(s_ttfa),
+    );
     println!("\nmedian of {runs}:        RTF      TTFA ms");
     println!("pipelined          {pr:>7.3}  {pt:>8.0}");
     println!("serial (1 thread)  {sr:>7.3}  {st:>8.0}");

@@ -48,7 +48,7 @@ fn bench(c: &mut Criterion) {
         g.sample_size(20);
         for ty in TYPES {
             for runtime in runtimes() {
-                let path = qtts::bench::model_files(&dir, ty).talker;
+                let path = qtts::model::ModelFiles::converted_in(&dir, ty).talker;
                 let talker = Talker::load_with(&path, runtime).unwrap();
                 let prompt = talker
                     .prompt(

@@ -7,11 +7,10 @@
 //! threads; the stages themselves run on the caller's thread ([`engine::serial::Serial`]).
 //! See `ARCHITECTURE.md` for the whole engine and which parts exist.
 
-#![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
-#![warn(clippy::undocumented_unsafe_blocks)]
+// The library's API lints; those of every target are in Cargo.toml's `[workspace.lints]`.
+#![deny(missing_docs, missing_debug_implementations)]
 
 pub mod audio;
-pub mod bench;
 pub mod code_predictor;
 pub mod decoder;
 pub mod engine;

@@ -7,7 +7,7 @@ use qtts::model::convert::OutType;
 
 /// A directory with `mmproj-<type>.gguf` (and `talker-<type>.gguf`) for each of `types`:
 /// `QTTS_BENCH_MODELS` when set, else made once under the target directory with
-/// [`qtts::bench::ensure_models`] for the 0.6B CustomVoice geometry (minutes, and GBs of disk).
+/// [`qtts::model::random::ensure_models`] for the 0.6B CustomVoice geometry (minutes, and GBs of disk).
 pub fn models(types: &[OutType]) -> PathBuf {
     if let Some(dir) = std::env::var_os("QTTS_BENCH_MODELS") {
         return dir.into();
@@ -16,7 +16,7 @@ pub fn models(types: &[OutType]) -> PathBuf {
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
     let dir = target.join("qtts-bench").join("0.6b-customvoice");
     let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tts/tokenizer");
-    qtts::bench::ensure_models(
+    qtts::model::random::ensure_models(
         Preset::Small06CustomVoice,
         Some(&tok),
         &dir,
@@ -29,4 +29,15 @@ pub fn models(types: &[OutType]) -> PathBuf {
     )
     .unwrap();
     dir
+}
+
+/// The median of `v` (the upper of the middle two for an even count, as `qtts bench`); NaN for
+/// none.
+#[allow(dead_code)]
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }

@@ -317,7 +317,8 @@ impl Drop for PacedDevice {
 }
 
 /// Sample format of a [`WavSink`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum SampleFormat {
     /// 32-bit float (exact).
     #[default]

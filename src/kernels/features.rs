@@ -94,7 +94,10 @@ fn probe() -> Features {
 /// Whether CPUID names AMD as the vendor (`AuthenticAMD`).
 #[cfg(target_arch = "x86_64")]
 fn vendor_is_amd() -> bool {
-    let r = std::arch::x86_64::__cpuid(0);
+    // Safe to call since Rust 1.94; `unsafe` for the older toolchains of the stated MSRV.
+    #[allow(unused_unsafe)]
+    // SAFETY: CPUID leaf 0 exists on every x86_64 CPU.
+    let r = unsafe { std::arch::x86_64::__cpuid(0) };
     let bytes: Vec<u8> = [r.ebx, r.edx, r.ecx]
         .iter()
         .flat_map(|w| w.to_le_bytes())

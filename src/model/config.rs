@@ -514,22 +514,23 @@ impl CheckpointConfig {
 }
 
 /// The five released 12 Hz checkpoints, whose configs this crate can write (`qtts random-model`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Preset {
     /// Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice.
-    #[value(name = "0.6b-customvoice")]
+    #[cfg_attr(feature = "clap", value(name = "0.6b-customvoice"))]
     Small06CustomVoice,
     /// Qwen/Qwen3-TTS-12Hz-0.6B-Base.
-    #[value(name = "0.6b-base")]
+    #[cfg_attr(feature = "clap", value(name = "0.6b-base"))]
     Small06Base,
     /// Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice.
-    #[value(name = "1.7b-customvoice")]
+    #[cfg_attr(feature = "clap", value(name = "1.7b-customvoice"))]
     Large17CustomVoice,
     /// Qwen/Qwen3-TTS-12Hz-1.7B-Base.
-    #[value(name = "1.7b-base")]
+    #[cfg_attr(feature = "clap", value(name = "1.7b-base"))]
     Large17Base,
     /// Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign.
-    #[value(name = "1.7b-voicedesign")]
+    #[cfg_attr(feature = "clap", value(name = "1.7b-voicedesign"))]
     Large17VoiceDesign,
 }
 

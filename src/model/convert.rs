@@ -20,24 +20,25 @@ use crate::ffi;
 use crate::gguf::{Array, GgmlType, Plan, Value, Writer};
 
 /// The output types `qtts convert --type` offers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum OutType {
     /// 32-bit floats: exact.
     F32,
     /// 16-bit floats.
     F16,
     /// 8-bit blocks of 32 (ggml q8_0).
-    #[value(name = "q8_0")]
+    #[cfg_attr(feature = "clap", value(name = "q8_0"))]
     Q8_0,
     /// 6-bit k-quants (ggml q6_K): the talker's and code predictor's products by ggml.
-    #[value(name = "q6_k")]
+    #[cfg_attr(feature = "clap", value(name = "q6_k"))]
     Q6K,
     /// 5-bit k-quants (ggml q5_K): the smallest single type that meets cosine 0.99 on random
     /// weights (PERFORMANCE.md).
-    #[value(name = "q5_k")]
+    #[cfg_attr(feature = "clap", value(name = "q5_k"))]
     Q5K,
     /// 4-bit k-quants (ggml q4_K): the fastest, under cosine 0.99 on random weights.
-    #[value(name = "q4_k")]
+    #[cfg_attr(feature = "clap", value(name = "q4_k"))]
     Q4K,
 }
 

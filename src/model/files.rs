@@ -15,6 +15,15 @@ pub struct ModelFiles {
 }
 
 impl ModelFiles {
+    /// The GGUF pair of weight type `ty` that `qtts convert` writes into `dir`.
+    pub fn converted_in(dir: &std::path::Path, ty: crate::model::convert::OutType) -> Self {
+        let c = crate::model::convert::output_paths(dir, ty);
+        ModelFiles {
+            talker: c.talker,
+            mmproj: c.mmproj,
+        }
+    }
+
     /// Refuses files that cannot give the exact path (`EngineConfig::exact`): every tensor of both
     /// files must be f32, as `qtts convert --type f32` writes them; quantized or f16 weights
     /// cannot reproduce the reference within its tolerance.

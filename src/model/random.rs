@@ -13,7 +13,7 @@
 //! result does not depend on the thread count and memory stays near one tensor.
 
 use std::borrow::Cow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -21,6 +21,8 @@ use safetensors::tensor::{Dtype, View};
 
 use super::checkpoint::{expected_tensors, CheckpointFile, Init, Spec};
 use super::config::{CheckpointConfig, Preset};
+use super::convert::{convert, OutType};
+use super::ModelFiles;
 use crate::error::ModelError;
 
 const CHUNK: usize = 1 << 20;
@@ -187,4 +189,47 @@ pub fn write_random_checkpoint_with(
         progress(done, total);
     }
     Ok(())
+}
+
+/// Makes what is missing of a bench directory: `checkpoint/`, a random-weight checkpoint of
+/// `preset` (seed 1, with the tokenizer files of `tokenizer`), and its GGUF pair for each of
+/// `types`. Minutes and gigabytes for a full-size preset; nothing when all is there. `progress`
+/// gets each step's name with (0, 0) as it starts, then its bytes done and total.
+pub fn ensure_models(
+    preset: Preset,
+    tokenizer: Option<&Path>,
+    dir: &Path,
+    types: &[OutType],
+    progress: &mut dyn FnMut(&str, u64, u64),
+) -> Result<PathBuf, ModelError> {
+    let ckpt = dir.join("checkpoint");
+    let missing: Vec<OutType> = types
+        .iter()
+        .copied()
+        .filter(|&ty| {
+            let f = ModelFiles::converted_in(dir, ty);
+            !(f.talker.exists() && f.mmproj.exists())
+        })
+        .collect();
+    if !missing.is_empty() && !ckpt.join("model.safetensors").exists() {
+        let tokenizer = tokenizer.ok_or_else(|| ModelError::Unsupported {
+            what: format!("bench models in {}", dir.display()),
+            expected: format!(
+                "a {} checkpoint in checkpoint/, or a tokenizer directory (vocab.json, merges.txt, \
+                 tokenizer_config.json) to write a random one with: pass --tokenizer",
+                preset.hf_name()
+            ),
+            found: "neither".into(),
+        })?;
+        progress("random checkpoint", 0, 0);
+        write_random_checkpoint(preset, 1, tokenizer, &ckpt, &mut |d, t| {
+            progress("random checkpoint", d, t)
+        })?;
+    }
+    for ty in missing {
+        let label = format!("convert to {}", ty.name());
+        progress(&label, 0, 0);
+        convert(&ckpt, None, dir, ty, &mut |d, t| progress(&label, d, t))?;
+    }
+    Ok(ckpt)
 }

@@ -152,7 +152,8 @@ pub struct Voice {
 }
 
 /// How the text enters the prompt (MODEL-NOTES.md §4.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum TextMode {
     /// One text token per frame, starting one ahead of the audio: the first frame comes after a
     /// short prefill (the reference's `non_streaming_mode=False`).

@@ -2,12 +2,20 @@
 
 use std::path::PathBuf;
 
+/// The repository's root: this package's directory, or two above it for crates/cli (whose
+/// tests include this file).
+pub fn root() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if dir.join("tests/fixtures").is_dir() {
+        dir
+    } else {
+        dir.join("../..")
+    }
+}
+
 /// `tests/fixtures/<name>`: the oracle's outputs committed with the project.
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join("fixtures")
-        .join(name)
+    root().join("tests").join("fixtures").join(name)
 }
 
 /// The released Qwen3-TTS tokenizer (`vocab.json`, `merges.txt`, `tokenizer_config.json`), which
@@ -17,7 +25,7 @@ pub fn fixture(name: &str) -> PathBuf {
 pub fn tokenizer_dir() -> PathBuf {
     let dir = match std::env::var_os("QTTS_TOKENIZER") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tts/tokenizer"),
+        None => root().join("../shared/qwen3-tts/tokenizer"),
     };
     assert!(
         dir.join("vocab.json").is_file() && dir.join("merges.txt").is_file(),

@@ -12,9 +12,7 @@ static ALLOC: assert_no_alloc::AllocDisabler = assert_no_alloc::AllocDisabler;
 mod common;
 
 mod audio;
-mod cache;
 mod checkpoint;
-mod cli;
 mod code_predictor;
 mod convert;
 mod corrupt;

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use qtts::model::config::Preset;
 use qtts::model::convert::{convert, OutType};
 
+mod bench;
 mod bench_cli;
 
 /// qtts: a CPU-first streaming text-to-speech engine for Qwen3-TTS-12Hz.

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::bench::{self, Medians, ReferenceReport, Row, RunReport};
 use anyhow::Context as _;
-use qtts::bench::{self, Medians, ReferenceReport, Row, RunReport};
 use qtts::engine::{DecoderWeights, EngineConfig, LayerKernel, TalkerRuntime, ThreadPlan};
 use qtts::kernels::Tier;
 use qtts::model::config::Preset;
@@ -43,7 +43,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 750)]
     pub frames: usize,
     /// Frames per request of a soak (a run longer than this).
-    #[arg(long, default_value_t = qtts::bench::MINUTE_FRAMES)]
+    #[arg(long, default_value_t = bench::MINUTE_FRAMES)]
     pub request_frames: usize,
     /// Rounds; each runs every configuration once, then the reference.
     #[arg(long, default_value_t = 3)]
@@ -270,7 +270,7 @@ pub struct RunArgs {
     mmproj: PathBuf,
     #[arg(long)]
     frames: usize,
-    #[arg(long, default_value_t = qtts::bench::MINUTE_FRAMES)]
+    #[arg(long, default_value_t = bench::MINUTE_FRAMES)]
     request_frames: usize,
     #[arg(long)]
     prebuffer_ms: f64,
@@ -347,7 +347,7 @@ impl Config {
 }
 
 fn child(exe: &Path, dir: &Path, c: Config, a: &BenchArgs) -> anyhow::Result<RunReport> {
-    let files = bench::model_files(dir, c.ty);
+    let files = qtts::model::ModelFiles::converted_in(dir, c.ty);
     let files = &files;
     let mut cmd = Command::new(exe);
     cmd.arg("bench-run")
@@ -435,7 +435,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     });
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut printer = crate::progress_printer("bench models");
-    let checkpoint = bench::ensure_models(
+    let checkpoint = qtts::model::random::ensure_models(
         a.preset,
         a.tokenizer.as_deref(),
         &dir,
@@ -467,7 +467,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         .clone()
         .or_else(|| std::env::var_os("QTTS_REFERENCE_PYTHON").map(PathBuf::from));
     let script = a.reference_script.clone().unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/oracle/bench_reference.py")
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/oracle/bench_reference.py")
     });
     if let Some(p) = &python {
         anyhow::ensure!(

@@ -19,15 +19,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use std::path::{Path, PathBuf};
-
-use crate::audio::{ring, PacedDevice, FRAME_SAMPLES, SAMPLE_RATE};
-use crate::engine::{Engine, EngineConfig, EngineError, Request};
-use crate::metrics::Metrics;
-use crate::model::config::Preset;
-use crate::model::convert::{convert, OutType};
-use crate::model::ModelFiles;
-use crate::ModelError;
+use qtts::audio::{ring, PacedDevice, FRAME_SAMPLES, SAMPLE_RATE};
+use qtts::engine::{Engine, EngineConfig, EngineError, Request};
+use qtts::metrics::Metrics;
+use qtts::model::ModelFiles;
 
 /// Device period of the paced sink: 20 ms (480 samples), a common audio-server period.
 pub const PERIOD_SAMPLES: usize = 480;
@@ -83,7 +78,7 @@ pub struct RunReport {
     pub peak_rss_mib: f64,
     /// Percentiles of [`STAGES`].
     pub stages: Vec<StageStat>,
-    /// The kernel tier the run used ([`crate::kernels::active`]).
+    /// The kernel tier the run used ([`qtts::kernels::active`]).
     #[serde(default)]
     pub tier: String,
     /// A soak's resident set after the warm-up and at the end, MiB (`VmRSS`; 0 where there is
@@ -105,58 +100,6 @@ pub struct Minute {
     pub rss_mib: f64,
     /// Its stage percentiles.
     pub stages: Vec<StageStat>,
-}
-
-/// The GGUF pair of weight type `ty` in a bench directory made by [`ensure_models`].
-pub fn model_files(dir: &Path, ty: OutType) -> ModelFiles {
-    let c = crate::model::convert::output_paths(dir, ty);
-    ModelFiles {
-        talker: c.talker,
-        mmproj: c.mmproj,
-    }
-}
-
-/// Makes what is missing of a bench directory: `checkpoint/`, a random-weight checkpoint of
-/// `preset` (seed 1, with the tokenizer files of `tokenizer`), and its GGUF pair for each of
-/// `types`. Minutes and gigabytes for a full-size preset; nothing when all is there. `progress`
-/// gets each step's name with (0, 0) as it starts, then its bytes done and total.
-pub fn ensure_models(
-    preset: Preset,
-    tokenizer: Option<&Path>,
-    dir: &Path,
-    types: &[OutType],
-    progress: &mut dyn FnMut(&str, u64, u64),
-) -> Result<PathBuf, ModelError> {
-    let ckpt = dir.join("checkpoint");
-    let missing: Vec<OutType> = types
-        .iter()
-        .copied()
-        .filter(|&ty| {
-            let f = model_files(dir, ty);
-            !(f.talker.exists() && f.mmproj.exists())
-        })
-        .collect();
-    if !missing.is_empty() && !ckpt.join("model.safetensors").exists() {
-        let tokenizer = tokenizer.ok_or_else(|| ModelError::Unsupported {
-            what: format!("bench models in {}", dir.display()),
-            expected: format!(
-                "a {} checkpoint in checkpoint/, or a tokenizer directory (vocab.json, merges.txt, \
-                 tokenizer_config.json) to write a random one with: pass --tokenizer",
-                preset.hf_name()
-            ),
-            found: "neither".into(),
-        })?;
-        progress("random checkpoint", 0, 0);
-        crate::model::random::write_random_checkpoint(preset, 1, tokenizer, &ckpt, &mut |d, t| {
-            progress("random checkpoint", d, t)
-        })?;
-    }
-    for ty in missing {
-        let label = format!("convert to {}", ty.name());
-        progress(&label, 0, 0);
-        convert(&ckpt, None, dir, ty, &mut |d, t| progress(&label, d, t))?;
-    }
-    Ok(ckpt)
 }
 
 /// The process's peak resident set in bytes, from `/proc/self/status` (`None` where there is none).
@@ -192,19 +135,9 @@ fn stage_stats(m: &Metrics) -> Vec<StageStat> {
         .collect()
 }
 
-/// Loads the engine and measures one request of `frames` frames played in real time after
-/// `prebuffer_ms` of audio (see the module's documentation).
-pub fn measure(
-    files: &ModelFiles,
-    config: EngineConfig,
-    frames: usize,
-    prebuffer_ms: f64,
-) -> Result<RunReport, EngineError> {
-    measure_in(files, config, frames, MINUTE_FRAMES, prebuffer_ms)
-}
-
-/// [`measure`], a run longer than `request_frames` being a soak of requests of that many frames
-/// ([`MINUTE_FRAMES`] in [`measure`]).
+/// Loads the engine and measures `frames` frames played in real time after `prebuffer_ms` of
+/// audio (see the module's documentation): one request, or, for a run longer than
+/// `request_frames`, a soak of requests of that many frames ([`MINUTE_FRAMES`] by default).
 pub fn measure_in(
     files: &ModelFiles,
     config: EngineConfig,
@@ -231,7 +164,7 @@ pub fn measure_in(
     };
     let warmup = request(WARMUP_FRAMES);
     let (summary, _) = engine
-        .synthesize(warmup, Box::new(crate::audio::MemorySink::default()))
+        .synthesize(warmup, Box::new(qtts::audio::MemorySink::default()))
         .wait();
     let first_ttfa_ms = summary?.ttfa.unwrap_or_default().as_secs_f64() * 1e3;
     let rss_start = rss_bytes().unwrap_or(0) as f64 / MIB;
@@ -253,7 +186,7 @@ pub fn measure_in(
     let shared = device.shared();
     // Each request ends when its audio has played (the ring's `end`), as utterances spoken one
     // after another live; the RTF sums each one's generation only.
-    let mut sink: Box<dyn crate::audio::AudioSink> = Box::new(sink);
+    let mut sink: Box<dyn qtts::audio::AudioSink> = Box::new(sink);
     let (mut metrics, mut minutes) = (Metrics::default(), Vec::new());
     let (mut produced, mut audio_s, mut ttfa_ms, mut generating) = (0, 0.0, None, 0.0);
     for n in &parts {
@@ -286,7 +219,7 @@ pub fn measure_in(
         underruns: shared.underruns(),
         periods: shared.periods(),
         peak_rss_mib: peak_rss_bytes().unwrap_or(0) as f64 / MIB,
-        tier: crate::kernels::active().name().to_string(),
+        tier: qtts::kernels::active().name().to_string(),
         stages: stage_stats(&metrics),
         rss_start_mib: if parts.len() > 1 { rss_start } else { 0.0 },
         rss_end_mib: if parts.len() > 1 {

@@ -1,0 +1,8 @@
+//! The `qtts` command's tests: each runs the built binary as a process, as a user would.
+
+#[allow(dead_code)]
+#[path = "../../../../tests/it/common.rs"]
+mod common;
+
+mod cache;
+mod cli;
