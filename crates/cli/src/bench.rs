@@ -2,7 +2,7 @@
 //! real-time factor, time to first audio, underruns, peak RSS and per-stage percentiles; medians
 //! over repeated runs; and the one table `qtts bench` prints.
 //!
-//! A run ([`measure`]) loads an [`Engine`], synthesizes a short warm-up request (the first touch of
+//! A run ([`measure_in`]) loads an [`Engine`], synthesizes a short warm-up request (the first touch of
 //! the memory-mapped weights is load cost, not synthesis cost), then the measured request. Its
 //! audio goes into a ring played by a [`PacedDevice`] in real time, 20 ms periods, after a
 //! prebuffer; the ring holds the whole utterance, so production is never throttled by playback

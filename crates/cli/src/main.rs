@@ -1,6 +1,9 @@
 //! The `qtts` command line: speaking and synthesizing, model conversion, random checkpoints and
 //! validation.
 
+// The arguments' doc comments are the command's `--help` text, written for a terminal.
+#![allow(rustdoc::invalid_html_tags)]
+
 use std::path::PathBuf;
 use std::time::Instant;
 
