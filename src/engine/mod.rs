@@ -2,7 +2,7 @@
 //! joined by bounded channels, writing to an [`AudioSink`].
 //!
 //! ```text
-//!  caller ──Job (cap 1)──▶ qtts-talker ──hidden, code0 (cap 1)──▶ qtts-cp
+//!  caller ──Job (cap 1)──▶ qtts-talker ──hidden, code0 (cap 1)──▶ qtts-predictor
 //!                              ▲  ◀──────embedded frame (cap 1)───────┘ │
 //!                              │                                        │ codes (cap `codes_queue`,
 //!                              └──Begin / SegmentEnd / End──▶ qtts-decoder ◀┘  4 frames = 320 ms)
@@ -121,7 +121,7 @@ impl Engine {
             let (files, cfg, ready) = (files.clone(), config.clone(), ready_tx.clone());
             let loan = loan.clone();
             threads.push(spawn(
-                "qtts-cp",
+                "qtts-predictor",
                 Box::new(move || {
                     code_predictor_thread::run(
                         files, cfg, loan, ready, cp_rx, reply_tx, dec_tx, first_rx,

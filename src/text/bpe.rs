@@ -85,7 +85,7 @@ pub fn pair_key(a: u32, b: u32) -> u64 {
 
 /// A hasher for [`MergeTable`] keys: one folded 64×64→128-bit multiply.
 // NB: BPE spends most of its time looking pairs up. Measured with `encode_speed` in
-// tests/tokenizer.rs (best of 5, busy 2-core machine): with SipHash English encodes at 11-15 MB/s
+// tests/it/tokenizer.rs (best of 5, busy 2-core machine): with SipHash English encodes at 11-15 MB/s
 // and Chinese at 7-8 MB/s; with this hasher at 27 and 26 MB/s. The keys come from the model file,
 // which is trusted as much as its weights are.
 #[derive(Default, Clone, Copy, Debug)]
@@ -140,7 +140,7 @@ const NONE: u32 = u32::MAX;
 /// Words up to this many bytes run the reference loop as written; longer ones use the heap.
 // NB: the reference loop rescans every pair after each merge; it wins only on the shortest words.
 // With 48 here Chinese text (long runs of letters) encoded at 4.4 MB/s, with 8 at 25 MB/s; English
-// was the same within noise (`encode_speed` in tests/tokenizer.rs). The two paths are checked
+// was the same within noise (`encode_speed` in tests/it/tokenizer.rs). The two paths are checked
 // against each other in the tests below.
 const SHORT_WORD: usize = 8;
 
