@@ -5,7 +5,7 @@ use super::heads::Heads;
 use super::Geometry;
 use super::POSITIONS;
 use crate::error::ModelError;
-use crate::ffi::{Context, GgmlError, OwnedGraph};
+use crate::ffi::{GgmlError, OwnedGraph, SharedContext};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernels::dot::Kernel;
 use crate::kernels::quant::{self, QType};
@@ -61,8 +61,8 @@ pub(super) fn load_heads(f: &GgufFile, g: &Geometry) -> Result<Heads, ModelError
 /// (`in.codes`: codebooks 0..=k) without touching the cache: the reference the cached graphs are
 /// tested against.
 pub(super) fn build_step(
-    w: &Context,
-    heads: Option<&Context>,
+    w: &SharedContext,
+    heads: Option<&SharedContext>,
     g: &Geometry,
     step: usize,
     cached: bool,
@@ -90,11 +90,11 @@ pub(super) fn build_step(
             found: "none".into(),
         })
     };
-    // SAFETY: the graph reads the weights and caches of `w`, which `CodePredictor` owns, never
-    // resets, and drops after its graphs (field order); the uncached graphs of
-    // `frame_recomputed` are dropped before that call returns.
-    unsafe {
-        OwnedGraph::build(mem, |c| {
+    // The graph reads the weights and the KV cache in `w`, and the packed heads' tensors.
+    let mut reads = vec![w];
+    reads.extend(heads.filter(|_| cached));
+    {
+        OwnedGraph::build(mem, &reads, |c| {
             // The input rows: the hidden state and codebook 0 at positions 0 and 1, then
             // codebook k at position k + 1.
             let mut x = if cached && step > 0 {
@@ -187,8 +187,8 @@ pub(super) fn build_step(
 
 /// The cached graphs of a frame's 15 steps (see [`build_step`]).
 pub(super) fn build_steps(
-    w: &Context,
-    heads: Option<&Context>,
+    w: &SharedContext,
+    heads: Option<&SharedContext>,
     g: &Geometry,
     kernel: LayerKernel,
 ) -> Result<Vec<OwnedGraph>, ModelError> {

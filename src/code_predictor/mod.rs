@@ -22,7 +22,7 @@ pub mod heads;
 use heads::Heads;
 
 use crate::error::ModelError;
-use crate::ffi::{Context, GgmlError, OwnedGraph, Threadpool};
+use crate::ffi::{Context, GgmlError, OwnedGraph, SharedContext, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
 use crate::kernels::dot::Kernel;
 pub use crate::qwen3::LayerKernel;
@@ -147,11 +147,11 @@ fn product_names(n_layer: usize) -> Vec<String> {
 #[derive(Debug)]
 pub struct CodePredictor {
     geometry: Geometry,
-    /// The graphs; declared before `weights`, so they are dropped first.
+    /// The frame's graphs (each holds the contexts it reads).
     steps: Vec<OwnedGraph>,
-    /// With packed heads, one tensor per head over `heads`' bytes (`head.{k}`), which the
-    /// graphs multiply by; declared after the graphs and before `heads`, so dropped between.
-    heads_ctx: Option<Context>,
+    /// With packed heads, one tensor per head over the packed bytes (`head.{k}`), which the
+    /// graphs multiply by.
+    heads_ctx: Option<SharedContext>,
     heads: Heads,
     logits: Vec<f32>,
     last: Vec<f32>,
@@ -160,8 +160,8 @@ pub struct CodePredictor {
     profile: Option<Profile>,
     /// What computes the q4_K, q5_K and q8_0 layer products (and whether they are packed).
     kernel: LayerKernel,
-    /// Read by the graphs through ggml's pointers; owned here to outlive them.
-    weights: Context,
+    /// The weights and the KV cache, read by the graphs (which hold them too).
+    weights: SharedContext,
 }
 
 impl Geometry {
@@ -227,8 +227,10 @@ impl CodePredictor {
         let weight_bytes: u64 = code.iter().map(|t| t.nbytes).sum();
         let cache_bytes = 2 * g.n_layer * g.head_dim * g.n_head_kv * POSITIONS * 4;
         let overhead = (code.len() + 2 * g.n_layer + 16) * 512;
-        let weights = Context::new(weight_bytes as usize + cache_bytes + overhead + (1 << 20))
-            .map_err(ModelError::from)?;
+        let weights = SharedContext::new(
+            Context::new(weight_bytes as usize + cache_bytes + overhead + (1 << 20))
+                .map_err(ModelError::from)?,
+        );
         let kernel = LayerKernel::fastest();
         let products = product_names(g.n_layer);
         let mut joined = Vec::new();
@@ -374,23 +376,14 @@ impl CodePredictor {
             return Ok(());
         };
         let per_head = bytes.len() / g.n_groups.max(1);
-        let ctx = Context::unallocated(g.n_groups).map_err(ModelError::from)?;
-        for k in 0..g.n_groups {
-            // SAFETY: the tensors view the packed heads' bytes, which `self.heads` owns and
-            // keeps (it is replaced only by `use_q8_heads`, which leaves packed heads alone) for
-            // as long as `self.heads_ctx` and the graphs that read it live (field order drops
-            // them first); nothing writes them.
-            let t = unsafe {
-                ctx.tensor_over(
-                    GgmlType::Q8_0,
-                    &[g.n_embd, g.n_codes],
-                    bytes.as_mut_ptr().add(k * per_head),
-                    per_head,
-                )
-            }
-            .map_err(ModelError::from)?;
-            t.set_name(&format!("head.{k}"));
-        }
+        let views: Vec<_> = (0..g.n_groups)
+            .map(|k| {
+                let shape = vec![g.n_embd, g.n_codes];
+                (format!("head.{k}"), GgmlType::Q8_0, shape, k * per_head)
+            })
+            .collect();
+        // The heads' tensors view the packed bytes, which the context holds.
+        let ctx = SharedContext::over_bytes(bytes, &views).map_err(ModelError::from)?;
         self.steps = build_steps(&self.weights, Some(&ctx), &g, self.kernel)?;
         self.heads_ctx = Some(ctx);
         Ok(())

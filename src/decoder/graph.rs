@@ -1,7 +1,7 @@
 //! The graph of a chunk of frames: split-RVQ, causal convolutions, the windowed transformer, the
 //! upsamplers and the SnakeBeta blocks, with the stream's state read and written back.
 
-use crate::ffi::{Context, GgmlError, Node, OwnedGraph, Tensor};
+use crate::ffi::{Context, GgmlError, Node, OwnedGraph, SharedContext, Tensor};
 use crate::gguf::GgmlType;
 use crate::kernels::bf16;
 
@@ -235,8 +235,8 @@ impl<'a> Builder<'a> {
 /// (`n · samples_per_frame` samples), stages `stage.*`; the state is written back last.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn build_chunk(
-    w: &Context,
-    s: &Context,
+    w: &SharedContext,
+    s: &SharedContext,
     g: &Geometry,
     n: usize,
     keep_stages: bool,
@@ -244,25 +244,22 @@ pub(super) fn build_chunk(
     host: bool,
     bf16: Option<bf16::Kernel>,
 ) -> Result<OwnedGraph, GgmlError> {
-    // SAFETY: the graph reads the weights of `w` and reads and writes the state of `s`, which
-    // `Decoder` owns, never resets (reset only writes values) and drops after its graphs.
-    unsafe {
-        OwnedGraph::build_allocated(keep_stages.then_some("stage."), |c| {
-            build_nodes(
-                &mut Builder {
-                    c,
-                    w,
-                    s,
-                    writes: Vec::new(),
-                    fused_snake,
-                    host,
-                    bf16,
-                },
-                g,
-                n,
-            )
-        })
-    }
+    // The graph reads the weights of `w`, and reads and writes the stream's state in `s`.
+    OwnedGraph::build_allocated(keep_stages.then_some("stage."), &[w, s], |c| {
+        build_nodes(
+            &mut Builder {
+                c,
+                w,
+                s,
+                writes: Vec::new(),
+                fused_snake,
+                host,
+                bf16,
+            },
+            g,
+            n,
+        )
+    })
 }
 
 fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>, GgmlError> {

@@ -37,7 +37,7 @@ use load::Loader;
 use std::collections::BTreeMap;
 
 use crate::error::ModelError;
-use crate::ffi::{Context, GgmlError, OwnedGraph, Threadpool};
+use crate::ffi::{Context, GgmlError, OwnedGraph, SharedContext, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
 use crate::kernels::bf16;
 use crate::model::config::{parse_json, Preset, SpeechTokenizerConfig};
@@ -246,7 +246,7 @@ impl Geometry {
 #[derive(Debug)]
 pub struct Decoder {
     geometry: Geometry,
-    /// Graph of a chunk of `i + 1` frames, once built; dropped before `state` and `weights`.
+    /// Graph of a chunk of `i + 1` frames, once built.
     graphs: Vec<Option<OwnedGraph>>,
     /// Names of the state tensors in `state`, for [`Decoder::reset`].
     state_names: Vec<String>,
@@ -265,10 +265,10 @@ pub struct Decoder {
     /// Scratch of a chunk's inputs (reused).
     scratch_i32: Vec<i32>,
     scratch_f32: Vec<f32>,
-    /// The stream's state, read and written by the graphs; owned here to outlive them.
-    state: Context,
-    /// Read by the graphs through ggml's pointers; owned here to outlive them.
-    weights: Context,
+    /// The stream's state, read and written by the graphs (which hold it too).
+    state: SharedContext,
+    /// The weights, read by the graphs (which hold them too).
+    weights: SharedContext,
 }
 
 impl Decoder {
@@ -468,7 +468,7 @@ impl Decoder {
         if let Some(last) = l.last.take() {
             f.release(&last);
         }
-        let weights = l.w;
+        let weights = SharedContext::new(l.w);
 
         // The stream's state.
         let mut shapes: Vec<(String, Vec<usize>)> = Vec::new();
@@ -502,6 +502,7 @@ impl Decoder {
         for (name, ne) in &shapes {
             state.new_f32(ne).map_err(ModelError::from)?.set_name(name);
         }
+        let state = SharedContext::new(state);
         let mut v = Decoder {
             geometry: g,
             graphs: Vec::new(),

@@ -20,6 +20,65 @@ pub struct Context {
 // SAFETY: the context is used by one thread at a time (not Sync).
 unsafe impl Send for Context {}
 
+/// A context that graphs read (weights, caches, a stream's state): shared by its owner and every
+/// [`OwnedGraph`](super::OwnedGraph) built over it, and freed when the last of them drops, so no
+/// graph outlives the tensors it reads. It gives the context by shared reference only (so it is
+/// never reset under a graph), and stays on one thread (`Rc`), as the graphs do.
+#[derive(Debug, Clone)]
+pub struct SharedContext(std::rc::Rc<Held>);
+
+#[derive(Debug)]
+struct Held {
+    ctx: Context,
+    /// Bytes the context's tensors view in place ([`SharedContext::over_bytes`]).
+    _bytes: Option<std::rc::Rc<[u8]>>,
+}
+
+impl SharedContext {
+    /// Shares `ctx`.
+    pub fn new(ctx: Context) -> Self {
+        SharedContext(std::rc::Rc::new(Held { ctx, _bytes: None }))
+    }
+
+    /// A context whose tensors are views of `bytes`, which it holds: `(name, type, shape,
+    /// offset)` each, the tensor's bytes starting at `offset`. Refused when a view does not fit.
+    pub fn over_bytes(
+        bytes: std::rc::Rc<[u8]>,
+        views: &[(String, crate::gguf::GgmlType, Vec<usize>, usize)],
+    ) -> Result<Self, GgmlError> {
+        let ctx = Context::unallocated(views.len())?;
+        for (name, ty, ne, offset) in views {
+            let dims: Vec<u64> = ne.iter().map(|&d| d as u64).collect();
+            let size = ty.nbytes(&dims).unwrap_or(u64::MAX) as usize;
+            if offset.checked_add(size).is_none_or(|end| end > bytes.len()) {
+                return Err(GgmlError::Shape {
+                    what: "over_bytes",
+                    expected: format!("{name}: {size} bytes from {offset}"),
+                    found: format!("{} bytes in all", bytes.len()),
+                });
+            }
+            // SAFETY: the bytes are inside `bytes` (checked above), which the returned context
+            // holds for as long as it and every graph over it live; an `Rc<[u8]>` shared with it
+            // can no longer be written (`Rc::get_mut` fails while it is shared).
+            let t =
+                unsafe { ctx.tensor_over(*ty, ne, bytes.as_ptr().add(*offset).cast_mut(), size)? };
+            t.set_name(name);
+        }
+        Ok(SharedContext(std::rc::Rc::new(Held {
+            ctx,
+            _bytes: Some(bytes),
+        })))
+    }
+}
+
+impl std::ops::Deref for SharedContext {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.0.ctx
+    }
+}
+
 /// A tensor of a [`Context`]; valid while the context lives.
 #[derive(Debug, Clone, Copy)]
 pub struct Tensor<'ctx> {
@@ -237,7 +296,7 @@ impl Context {
     /// # Safety
     /// The bytes stay valid, and nothing else writes them, for as long as a graph that uses the
     /// tensor may run.
-    pub unsafe fn tensor_over(
+    pub(super) unsafe fn tensor_over(
         &self,
         ty: crate::gguf::GgmlType,
         ne: &[usize],

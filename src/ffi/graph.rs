@@ -5,8 +5,8 @@ use super::sys;
 use std::ffi::CStr;
 use std::ptr::NonNull;
 
-use super::context::Context;
 use super::context::Tensor;
+use super::context::{Context, SharedContext};
 use super::tensor::Node;
 use super::threadpool::Threadpool;
 use super::GgmlError;
@@ -67,11 +67,15 @@ pub(super) unsafe fn compute_graph(
 
 /// A context and one graph over it, built once and computed many times.
 ///
-/// Inputs and outputs are found by name ([`Tensor::set_name`]); the graph's tensors may read
-/// tensors of other contexts (weights), which must outlive it: the caller keeps those contexts
-/// next to this one and drops them after it.
+/// Inputs and outputs are found by name ([`Tensor::set_name`]). The graph may read tensors of
+/// other contexts (weights, caches, a stream's state) only if they are [`SharedContext`]s it was
+/// given at build: it holds each of them, so they live as long as it does whatever order its
+/// owner drops things in, and the build refuses a graph that reads any other context. It stays
+/// on the thread that built it (not `Send`), as the contexts it shares do.
 #[derive(Debug)]
 pub struct OwnedGraph {
+    /// The contexts the graph reads, held for its whole life.
+    pub(super) _reads: Vec<SharedContext>,
     /// The graph allocator's buffer holding every tensor of `ctx`, when built with
     /// [`OwnedGraph::build_allocated`]; freed before `ctx`.
     pub(super) galloc: Option<NonNull<sys::ggml_gallocr>>,
@@ -81,9 +85,6 @@ pub struct OwnedGraph {
     /// The tensors named `in.*` and `out.*`, found once at build.
     pub(super) ports: Vec<(String, NonNull<sys::ggml_tensor>)>,
 }
-
-// SAFETY: the graph lives in the owned context; used by one thread at a time (not Sync).
-unsafe impl Send for OwnedGraph {}
 
 impl Drop for OwnedGraph {
     fn drop(&mut self) {
@@ -109,17 +110,14 @@ impl OwnedGraph {
 impl OwnedGraph {
     /// Builds a graph in a new context of `mem_bytes`: `build` returns the output nodes, which
     /// are computed in the order given (put cache writes before the nodes that read the cache).
-    ///
-    /// # Safety
-    ///
-    /// The graph may read tensors of other contexts (weights, caches). Every such context must
-    /// outlive the returned `OwnedGraph` and must not be reset while it lives.
-    pub unsafe fn build(
+    /// The graph may read tensors of `reads` (which it holds) and of its own context only; any
+    /// other is refused with [`GgmlError::Shape`].
+    pub fn build(
         mem_bytes: usize,
+        reads: &[&SharedContext],
         build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,
     ) -> Result<Self, GgmlError> {
-        // SAFETY: the caller's contract.
-        unsafe { Self::build_in(Context::new(mem_bytes)?, build, None) }
+        Self::build_in(Context::new(mem_bytes)?, reads, build, None)
     }
 
     /// As [`OwnedGraph::build`], with ggml's graph allocator placing the context's tensors in one
@@ -127,12 +125,9 @@ impl OwnedGraph {
     /// graph's peak of live intermediates, not their sum. `in.*` tensors are graph inputs, `out.*`
     /// outputs, both kept whole, and so are the tensors whose names start with `keep` (to read
     /// intermediates); tensors the graph does not reach get no memory.
-    ///
-    /// # Safety
-    ///
-    /// As [`OwnedGraph::build`].
-    pub unsafe fn build_allocated(
+    pub fn build_allocated(
         keep: Option<&str>,
+        reads: &[&SharedContext],
         build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,
     ) -> Result<Self, GgmlError> {
         // Tensor headers and the graph only: 8192 tensors of overhead plus the graph's.
@@ -140,22 +135,18 @@ impl OwnedGraph {
         let meta = unsafe {
             8192 * sys::ggml_tensor_overhead() + sys::ggml_graph_overhead_custom(2048, false)
         };
-        // SAFETY: the caller's contract.
-        unsafe {
-            Self::build_in(
-                Context::with_alloc(meta, true)?,
-                build,
-                Some(keep.unwrap_or("out.")),
-            )
-        }
+        Self::build_in(
+            Context::with_alloc(meta, true)?,
+            reads,
+            build,
+            Some(keep.unwrap_or("out.")),
+        )
     }
 
     /// `allocate`: use the graph allocator, keeping tensors named with this prefix as outputs.
-    ///
-    /// # Safety
-    /// As [`OwnedGraph::build`].
-    pub(super) unsafe fn build_in(
+    pub(super) fn build_in(
         ctx: Context,
+        reads: &[&SharedContext],
         build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,
         allocate: Option<&str>,
     ) -> Result<Self, GgmlError> {
@@ -167,6 +158,7 @@ impl OwnedGraph {
             })
             .collect();
         let graph = ctx.graph_of(&outs)?.ptr;
+        reads_only(graph, &ctx, reads)?;
         let mut ports = Vec::new();
         // SAFETY: walking the live context's tensor list; names are NUL-terminated by ggml.
         unsafe {
@@ -213,6 +205,7 @@ impl OwnedGraph {
             }
         }
         Ok(OwnedGraph {
+            _reads: reads.iter().map(|&c| c.clone()).collect(),
             galloc,
             ctx,
             graph,
@@ -235,7 +228,52 @@ impl OwnedGraph {
 
     /// Computes the graph on `pool`.
     pub fn compute(&mut self, pool: &Threadpool) -> Result<(), GgmlError> {
-        // SAFETY: the graph lives in self.ctx, which outlives the call.
+        // SAFETY: the graph lives in self.ctx, and every context it reads is in self._reads
+        // (checked at build), all of which outlive the call.
         unsafe { compute_graph(self.graph, pool, &mut self.work) }
     }
+}
+
+/// Refuses a graph whose nodes read a tensor outside `own` and `reads`: a ggml tensor's header
+/// lives in its context's memory pool, so its address says which context it belongs to.
+fn reads_only(
+    graph: NonNull<sys::ggml_cgraph>,
+    own: &Context,
+    reads: &[&SharedContext],
+) -> Result<(), GgmlError> {
+    let pools: Vec<(usize, usize)> = std::iter::once(own)
+        .chain(reads.iter().map(|c| &***c))
+        .map(|c| {
+            // SAFETY: a live context; both calls only read its header.
+            let (base, size) = unsafe {
+                (
+                    sys::ggml_get_mem_buffer(c.ptr.as_ptr()) as usize,
+                    sys::ggml_get_mem_size(c.ptr.as_ptr()),
+                )
+            };
+            (base, base + size)
+        })
+        .collect();
+    let known = |t: *mut sys::ggml_tensor| {
+        let a = t as usize;
+        pools.iter().any(|&(lo, hi)| lo <= a && a < hi)
+    };
+    // SAFETY: the graph was just built in `own`; its nodes and their sources are live tensors.
+    unsafe {
+        for i in 0..sys::ggml_graph_n_nodes(graph.as_ptr()) {
+            let node = sys::ggml_graph_node(graph.as_ptr(), i);
+            let srcs = (*node).src;
+            for t in std::iter::once(node).chain(srcs.into_iter().filter(|s| !s.is_null())) {
+                if !known(t) {
+                    let name = CStr::from_ptr(sys::ggml_get_name(t)).to_string_lossy();
+                    return Err(GgmlError::Shape {
+                        what: "graph",
+                        expected: "tensors of its own context or of the contexts it holds".into(),
+                        found: format!("tensor '{name}' of another context"),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }

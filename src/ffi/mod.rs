@@ -27,7 +27,7 @@ mod tensor;
 mod threadpool;
 
 pub use crate::kernels::MatKernel;
-pub use context::{Context, Tensor};
+pub use context::{Context, SharedContext, Tensor};
 pub(crate) use custom::rms_norm_row;
 pub use custom::{AttendKernel, AttendOne, RowKernel3};
 pub use graph::{Graph, OwnedGraph};

@@ -22,7 +22,7 @@
 
 use super::CODEC_VOCAB;
 use crate::error::ModelError;
-use crate::ffi::{Context, GgmlError, OwnedGraph, Tensor, Threadpool};
+use crate::ffi::{Context, GgmlError, OwnedGraph, SharedContext, Tensor, Threadpool};
 use crate::gguf::{GgmlType, GgufFile, Value};
 use crate::qwen3::{
     self, layer_product, write_layer_joined, write_product_weight, Dims, Kv, LayerKernel, Names,
@@ -56,7 +56,7 @@ pub struct Layers {
     kernel: LayerKernel,
     /// One context per layer (tensors named as in a layer: `attn_q.weight`, ...), then one for
     /// `output_norm.weight` and the codec head's `output.weight`.
-    weights: Vec<Context>,
+    weights: Vec<SharedContext>,
 }
 
 impl Layers {
@@ -151,7 +151,7 @@ impl Layers {
                 w.set_name(n);
                 f.release(&name);
             }
-            weights.push(ctx);
+            weights.push(SharedContext::new(ctx));
         }
         let norm = h
             .tensor("output_norm.weight")
@@ -180,7 +180,7 @@ impl Layers {
         write_product_weight(w, head.ty, codec.into(), kernel).map_err(ModelError::from)?;
         w.set_name("output.weight");
         f.release("output.weight");
-        weights.push(top);
+        weights.push(SharedContext::new(top));
         Ok(Layers {
             dims,
             n_layer,
@@ -188,6 +188,11 @@ impl Layers {
             kernel,
             weights,
         })
+    }
+
+    /// What a graph over these layers and `cache` reads: every weight context, then the cache.
+    fn reads<'a>(&'a self, cache: &'a SharedContext) -> Vec<&'a SharedContext> {
+        self.weights.iter().chain([cache]).collect()
     }
 
     /// How many `JOINED` (`qwen3::products`) matrices the layers hold (two a layer when the file's types allow).
@@ -321,7 +326,7 @@ const BLOCK: usize = 64;
 pub struct State<'l> {
     layers: &'l Layers,
     n_ctx: usize,
-    /// The step graph and the block of positions it serves; declared before the cache it reads.
+    /// The step graph and the block of positions it serves.
     step: Option<(usize, OwnedGraph)>,
     /// The step graph's mask and value indices, rewritten at every step.
     mask: Vec<f32>,
@@ -332,8 +337,8 @@ pub struct State<'l> {
     hidden: Vec<f32>,
     logits: Vec<f32>,
     /// `cache.k.{l}` (`[head_dim, n_head_kv, n_ctx]`) and `cache.v.{l}` (`[n_ctx, head_dim ·
-    /// n_head_kv]`).
-    cache: Context,
+    /// n_head_kv]`); the graphs hold it too.
+    cache: SharedContext,
 }
 
 impl<'l> State<'l> {
@@ -348,7 +353,9 @@ impl<'l> State<'l> {
             (GgmlType::Q8_0, true)
         };
         let width = d.head_dim * d.n_head_kv;
-        let cache = Context::new(n_ctx * layers.kv_bytes(ty) + layers.n_layer * 2048 + 4096)?;
+        let cache = SharedContext::new(Context::new(
+            n_ctx * layers.kv_bytes(ty) + layers.n_layer * 2048 + 4096,
+        )?);
         for l in 0..layers.n_layer {
             if flash {
                 cache
@@ -409,14 +416,11 @@ impl<'l> State<'l> {
                 self.step = None;
                 self.zero_from(layers, p0, n_kv)?;
                 let flash = self.flash;
-                // SAFETY: the graph reads `layers.weights` (borrowed for the state's whole life)
-                // and `self.cache` (dropped after `self.step`).
-                let g = unsafe {
-                    OwnedGraph::build_allocated(None, |c| {
-                        let outs = layers.build(c, &self.cache, 1, At::Block { n_kv }, flash)?;
-                        Ok(outs.into_iter().map(Tensor::node).collect())
-                    })?
-                };
+                let reads = layers.reads(&self.cache);
+                let g = OwnedGraph::build_allocated(None, &reads, |c| {
+                    let outs = layers.build(c, &self.cache, 1, At::Block { n_kv }, flash)?;
+                    Ok(outs.into_iter().map(Tensor::node).collect())
+                })?;
                 self.step = Some((block, g));
             }
             let Some((_, g)) = self.step.as_mut() else {
@@ -447,14 +451,11 @@ impl<'l> State<'l> {
             return read_outputs(g, &mut self.hidden, &mut self.logits);
         }
         let flash = self.flash;
-        // SAFETY: the graph reads `layers.weights` and `self.cache`, both borrowed for this whole
-        // call; it is dropped before the call returns.
-        let mut g = unsafe {
-            OwnedGraph::build_allocated(None, |c| {
-                let outs = layers.build(c, &self.cache, n, At::Fixed(p0), flash)?;
-                Ok(outs.into_iter().map(Tensor::node).collect())
-            })?
-        };
+        let reads = layers.reads(&self.cache);
+        let mut g = OwnedGraph::build_allocated(None, &reads, |c| {
+            let outs = layers.build(c, &self.cache, n, At::Fixed(p0), flash)?;
+            Ok(outs.into_iter().map(Tensor::node).collect())
+        })?;
         let t = |name: &'static str| g.tensor(name).ok_or_else(|| port(name));
         t("in.rows")?.write_f32(rows)?;
         let pos: Vec<i32> = (p0..p0 + n).map(|p| p as i32).collect();

@@ -331,3 +331,44 @@ fn one_row_attention_over_q8_0_caches_matches_softmax_attention() {
         }
     }
 }
+
+/// A graph holds the contexts it reads: it computes the same after its builder dropped its own
+/// handle to the weights, and a graph that reads a context it was not given is refused.
+#[test]
+fn an_owned_graph_holds_what_it_reads_and_reads_nothing_else() {
+    use qtts::ffi::{OwnedGraph, SharedContext, Tensor};
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let weights = SharedContext::new(Context::new(1 << 16).unwrap());
+    let w = weights.new_f32(&[4, 2]).unwrap().set_name("w");
+    w.write_f32(&[1.0, 2.0, 3.0, 4.0, -1.0, -2.0, -3.0, -4.0])
+        .unwrap();
+    let mut g = OwnedGraph::build(1 << 20, &[&weights], |c| {
+        let x = c.new_f32(&[4, 1])?.set_name("in.x");
+        Ok(vec![c
+            .mul_mat(weights.get("w").unwrap(), x)?
+            .set_name("out.y")
+            .node()])
+    })
+    .unwrap();
+    drop(weights);
+    g.tensor("in.x")
+        .unwrap()
+        .write_f32(&[1.0, 1.0, 1.0, 1.0])
+        .unwrap();
+    g.compute(&pool).unwrap();
+    let y: Tensor<'_> = g.tensor("out.y").unwrap();
+    assert_eq!(y.to_vec(), vec![10.0, -10.0]);
+
+    // The same graph over a context it is not given: refused, naming the tensor.
+    let other = Context::new(1 << 16).unwrap();
+    let w = other.new_f32(&[4, 2]).unwrap().set_name("foreign");
+    let err = OwnedGraph::build(1 << 20, &[], |c| {
+        let x = c.new_f32(&[4, 1])?.set_name("in.x");
+        Ok(vec![c.mul_mat(w, x)?.node()])
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, GgmlError::Shape { found, .. } if found.contains("foreign")),
+        "{err}"
+    );
+}
