@@ -287,8 +287,7 @@ impl CodePredictor {
 
     /// Computes the q4_K, q5_K and q8_0 layer products with `kernel` (default:
     /// [`LayerKernel::fastest`]): packs or unpacks the matrices as needed and rebuilds the frame's
-    /// graphs. The VNNI
-    /// kernels without the CPU's features are refused.
+    /// graphs. Packed kernels the process's kernel tier lacks are refused.
     pub fn set_layer_kernel(&mut self, kernel: LayerKernel) -> Result<(), ModelError> {
         kernel.check_available()?;
         if kernel == self.kernel {

@@ -85,15 +85,16 @@ pub struct EngineConfig {
     /// The code predictor's output heads on q8_0 rows (faster, not bit-exact).
     pub q8_heads: bool,
     /// What computes the code predictor's q4_K, q5_K and q8_0 layer products:
-    /// [`LayerKernel::fastest`] (rows packed for AVX-512 VNNI where the CPU has it, else
+    /// [`LayerKernel::fastest`] (the kernel tier's packed kernels where it has them, else
     /// ggml's). Files of f32 or f16 layers are not affected. Under [`LayerKernel::Packed`] the
     /// q8_0 sample heads of quantized files are packed too
     /// ([`crate::code_predictor::CodePredictor::pack_heads`]).
     pub code_predictor_kernel: LayerKernel,
     /// What runs the talker's layers: [`TalkerRuntime::fastest`] (the crate's own graph with the
-    /// packed q4_K kernel where the CPU has AVX-512 VNNI, else llama.cpp).
+    /// packed kernels where the kernel tier has them, else llama.cpp).
     pub talker: TalkerRuntime,
-    /// The decoder's matrices: [`DecoderWeights::fastest`] (bf16 where the CPU has AMX, else f32).
+    /// The decoder's matrices: [`DecoderWeights::fastest`] (bf16 on AMX, or where `vdpbf16ps`
+    /// outruns f32 FMA; else f32).
     /// `exact` overrides it with f32.
     pub decoder: DecoderWeights,
     /// Run each utterance's first frame on every core of the plan, one stage after the other: the

@@ -1,7 +1,7 @@
 //! The talker's layers on this crate's own ggml graphs ([`super::Runtime::Graph`]): the same
 //! Qwen3 layers as llama.cpp's `qwen3tts` graph (`qwen3::layer`), with the products by
-//! the code predictor's kernels, so that a q4_K talker step runs the packed VNNI kernel instead of
-//! llama.cpp's.
+//! the code predictor's kernels, so that a quantized talker step runs the tier's packed kernels
+//! instead of llama.cpp's.
 //!
 //! Contract:
 //! - [`Layers::load`] copies the layer matrices, the final norm and the codec rows of the head

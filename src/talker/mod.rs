@@ -392,7 +392,7 @@ impl Talker {
         Self::load_with(path, Runtime::fastest())
     }
 
-    /// As [`Talker::load`], for `runtime`. The VNNI kernels without the CPU's features are
+    /// As [`Talker::load`], for `runtime`. Packed kernels the process's kernel tier lacks are
     /// refused.
     pub fn load_with(path: impl AsRef<Path>, runtime: Runtime) -> Result<Self, ModelError> {
         let path = path.as_ref();

@@ -14,7 +14,7 @@
 use std::arch::aarch64::*;
 
 use crate::kernels::dot::LANES;
-use crate::kernels::quant::{q4_k, q8_0, GROUP};
+use crate::kernels::quant::{k_quants, q8_0, GROUP};
 use crate::kernels::snake::{
     sin2, C1, C2, C3, PIO2_1, PIO2_2, PIO2_3, REDUCED, S1, S2, S3, TWO_OVER_PI,
 };
@@ -272,7 +272,7 @@ fn mask16(mask: u16) -> uint8x16_t {
 }
 
 /// The products of one packed q4_K (or q5_K when `Q5`) group with `M` inputs, the arithmetic of
-/// [`crate::kernels::quant::q4_k`].
+/// [`crate::kernels::quant::k_quants`].
 ///
 /// # Safety
 /// `grp` points at `nb` packed blocks, each input holds `nb` blocks; the CPU has NEON, and
@@ -282,12 +282,12 @@ fn mask16(mask: u16) -> uint8x16_t {
 unsafe fn q4_k_dots_with<const M: usize, const Q5: bool, const DOT: bool>(
     grp: *const u8,
     nb: usize,
-    ps: [&q4_k::Natural; M],
+    ps: [&k_quants::Natural; M],
 ) -> [[f32; GROUP]; M] {
     let block_bytes = if Q5 {
-        q4_k::GROUP_BLOCK5
+        k_quants::GROUP_BLOCK5
     } else {
-        q4_k::GROUP_BLOCK
+        k_quants::GROUP_BLOCK
     };
     let low = vdupq_n_u8(0x0f);
     let m6 = vdupq_n_u32(0x3f3f_3f3f);
@@ -298,7 +298,7 @@ unsafe fn q4_k_dots_with<const M: usize, const Q5: bool, const DOT: bool>(
         let blk = grp.wrapping_add(b * block_bytes);
         // SAFETY: block b of the group and of each input (the caller's contract).
         unsafe {
-            let qs = blk.add(if Q5 { q4_k::NIBBLES5 } else { 256 });
+            let qs = blk.add(if Q5 { k_quants::NIBBLES5 } else { 256 });
             let d = widen16(blk.add(192));
             let dmin = widen16(blk.add(224));
             // Per vector of four rows: the eight scales and eight mins as 32-bit lanes.
@@ -355,7 +355,7 @@ unsafe fn q4_k_dots_with<const M: usize, const Q5: bool, const DOT: bool>(
                         let (mut l, mut h) = (vandq_u8(v, low), vshrq_n_u8::<4>(v));
                         if Q5 {
                             let mask = |hl: usize| {
-                                let at = blk.add(q4_k::mask_offset(g, t, hl) + 2 * i);
+                                let at = blk.add(k_quants::mask_offset(g, t, hl) + 2 * i);
                                 mask16(at.cast::<u16>().read_unaligned())
                             };
                             l = vaddq_u8(l, mask(0));
@@ -364,7 +364,7 @@ unsafe fn q4_k_dots_with<const M: usize, const Q5: bool, const DOT: bool>(
                         (ql[i], qh[i]) = (vreinterpretq_s8_u8(l), vreinterpretq_s8_u8(h));
                     }
                     for j in 0..M {
-                        let xq = ps[j].q.as_ptr().add(b * q4_k::BLOCK + 64 * g + 4 * t);
+                        let xq = ps[j].q.as_ptr().add(b * k_quants::BLOCK + 64 * g + 4 * t);
                         let (xl, xh) = (splat4(xq), splat4(xq.add(32)));
                         for i in 0..4 {
                             lo[j][i] = dot4::<DOT>(lo[j][i], ql[i], xl);
@@ -405,7 +405,7 @@ unsafe fn q4_k_dots_with<const M: usize, const Q5: bool, const DOT: bool>(
 unsafe fn q4_k_dots_dot<const M: usize, const Q5: bool>(
     grp: *const u8,
     nb: usize,
-    ps: [&q4_k::Natural; M],
+    ps: [&k_quants::Natural; M],
 ) -> [[f32; GROUP]; M] {
     // SAFETY: the caller's contract.
     unsafe { q4_k_dots_with::<M, Q5, true>(grp, nb, ps) }
@@ -419,7 +419,7 @@ unsafe fn q4_k_dots_dot<const M: usize, const Q5: bool>(
 unsafe fn q4_k_dots_plain<const M: usize, const Q5: bool>(
     grp: *const u8,
     nb: usize,
-    ps: [&q4_k::Natural; M],
+    ps: [&k_quants::Natural; M],
 ) -> [[f32; GROUP]; M] {
     // SAFETY: the caller's contract.
     unsafe { q4_k_dots_with::<M, Q5, false>(grp, nb, ps) }

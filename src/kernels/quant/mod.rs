@@ -4,7 +4,7 @@
 //! Each call quantizes its f32 inputs once, per block, to int8 with the scale
 //! `dx = max|x| / 127` (ggml's q8 convention, up to the sign), into a per-thread scratch
 //! (`with_inputs`); the weights' integer products with them are exact, and the float steps
-//! are fixed per type (see [`q8_0`] and [`q4_k`]): the same operations in the same order for
+//! are fixed per type (see [`q8_0`] and [`k_quants`]): the same operations in the same order for
 //! each row on every tier, so every kernel gives its scalar twin's bits.
 //!
 //! The SIMD kernels read matrices packed [`GROUP`] rows at a time ([`pack`]: the same bytes in
@@ -12,7 +12,7 @@
 //! does not depend on the tier: a matrix packed once is read by whichever kernel
 //! [`packed_kernel`] picks.
 
-pub mod q4_k;
+pub mod k_quants;
 pub mod q8_0;
 
 use std::cell::RefCell;
@@ -43,7 +43,7 @@ impl QType {
     pub fn block(self) -> usize {
         match self {
             QType::Q8_0 => q8_0::BLOCK,
-            QType::Q4K | QType::Q5K => q4_k::BLOCK,
+            QType::Q4K | QType::Q5K => k_quants::BLOCK,
         }
     }
 
@@ -51,8 +51,8 @@ impl QType {
     pub fn block_bytes(self) -> usize {
         match self {
             QType::Q8_0 => q8_0::BLOCK_BYTES,
-            QType::Q4K => q4_k::BLOCK_BYTES,
-            QType::Q5K => q4_k::BLOCK_BYTES5,
+            QType::Q4K => k_quants::BLOCK_BYTES,
+            QType::Q5K => k_quants::BLOCK_BYTES5,
         }
     }
 
@@ -83,7 +83,7 @@ impl QType {
 pub fn fits(ty: QType, n: usize, k: usize) -> bool {
     let unit = match ty {
         QType::Q8_0 => 2 * q8_0::BLOCK,
-        QType::Q4K | QType::Q5K => q4_k::BLOCK,
+        QType::Q4K | QType::Q5K => k_quants::BLOCK,
     };
     n > 0 && n.is_multiple_of(GROUP) && k > 0 && k.is_multiple_of(unit)
 }
@@ -94,8 +94,8 @@ pub fn pack(ty: QType, bytes: &mut [u8], n: usize) {
     let row_bytes = bytes.len() / n;
     match ty {
         QType::Q8_0 => q8_0::pack(bytes, n, row_bytes),
-        QType::Q4K => q4_k::pack(bytes, n, row_bytes),
-        QType::Q5K => q4_k::pack5(bytes, n, row_bytes),
+        QType::Q4K => k_quants::pack(bytes, n, row_bytes),
+        QType::Q5K => k_quants::pack5(bytes, n, row_bytes),
     }
 }
 
@@ -104,8 +104,8 @@ pub fn unpack(ty: QType, bytes: &mut [u8], n: usize) {
     let row_bytes = bytes.len() / n;
     match ty {
         QType::Q8_0 => q8_0::unpack(bytes, n, row_bytes),
-        QType::Q4K => q4_k::unpack(bytes, n, row_bytes),
-        QType::Q5K => q4_k::unpack5(bytes, n, row_bytes),
+        QType::Q4K => k_quants::unpack(bytes, n, row_bytes),
+        QType::Q5K => k_quants::unpack5(bytes, n, row_bytes),
     }
 }
 
@@ -153,8 +153,8 @@ pub fn packed_kernel(ty: QType, caps: Features) -> Option<MatKernel> {
 pub fn rows_kernel(ty: QType) -> MatKernel {
     match ty {
         QType::Q8_0 => q8_0::mat_scalar,
-        QType::Q4K => q4_k::mat_scalar,
-        QType::Q5K => q4_k::mat_scalar5,
+        QType::Q4K => k_quants::mat_scalar,
+        QType::Q5K => k_quants::mat_scalar5,
     }
 }
 
@@ -305,7 +305,7 @@ macro_rules! packed_kernels {
             }
         }
 
-        /// [`q8_0_packed`] for q4_K rows packed by [`crate::kernels::quant::q4_k::pack`].
+        /// [`q8_0_packed`] for q4_K rows packed by [`crate::kernels::quant::k_quants::pack`].
         ///
         /// # Safety
         /// As [`q8_0_packed`], with `k` a multiple of 256 and `row_bytes` `k / 256 · 144`.
@@ -320,13 +320,13 @@ macro_rules! packed_kernels {
             y: *mut f32,
             y_stride: usize,
         ) {
-            use $crate::kernels::quant::{mat_groups, q4_k};
+            use $crate::kernels::quant::{k_quants, mat_groups};
             let dots = ($q4::<1, false> as _, $q4::<2, false> as _);
             // SAFETY: the caller's contract.
             unsafe {
                 mat_groups(
-                    &q4_k::SCRATCH,
-                    q4_k::BLOCK,
+                    &k_quants::SCRATCH,
+                    k_quants::BLOCK,
                     dots,
                     (w, row_bytes, n, k),
                     (x, m),
@@ -335,7 +335,7 @@ macro_rules! packed_kernels {
             }
         }
 
-        /// [`q8_0_packed`] for q5_K rows packed by [`crate::kernels::quant::q4_k::pack5`].
+        /// [`q8_0_packed`] for q5_K rows packed by [`crate::kernels::quant::k_quants::pack5`].
         ///
         /// # Safety
         /// As [`q8_0_packed`], with `k` a multiple of 256 and `row_bytes` `k / 256 · 176`.
@@ -350,13 +350,13 @@ macro_rules! packed_kernels {
             y: *mut f32,
             y_stride: usize,
         ) {
-            use $crate::kernels::quant::{mat_groups, q4_k};
+            use $crate::kernels::quant::{k_quants, mat_groups};
             let dots = ($q4::<1, true> as _, $q4::<2, true> as _);
             // SAFETY: the caller's contract.
             unsafe {
                 mat_groups(
-                    &q4_k::SCRATCH,
-                    q4_k::BLOCK,
+                    &k_quants::SCRATCH,
+                    k_quants::BLOCK,
                     dots,
                     (w, row_bytes, n, k),
                     (x, m),
@@ -576,7 +576,7 @@ mod tests {
                     check_outputs(&got, &deq, &x, (n, k, m));
                     if ty == QType::Q5K {
                         let mut q4 = q.clone();
-                        for blk in q4.chunks_exact_mut(q4_k::BLOCK_BYTES5) {
+                        for blk in q4.chunks_exact_mut(k_quants::BLOCK_BYTES5) {
                             blk[16..48].fill(0);
                         }
                         pack(ty, &mut q4, n);

@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 
 use crate::kernels::dot::LANES;
-use crate::kernels::quant::{q4_k, q8_0, GROUP};
+use crate::kernels::quant::{k_quants, q8_0, GROUP};
 use crate::kernels::snake::{
     sin2, C1, C2, C3, PIO2_1, PIO2_2, PIO2_3, REDUCED, S1, S2, S3, TWO_OVER_PI,
 };
@@ -249,7 +249,7 @@ unsafe fn mask16(mask: u32) -> __m256i {
 }
 
 /// The products of one packed q4_K (or q5_K when `Q5`) group with `M` inputs, the arithmetic of
-/// [`crate::kernels::quant::q4_k`]: the nibbles' products summed as 16-bit pairs over a
+/// [`crate::kernels::quant::k_quants`]: the nibbles' products summed as 16-bit pairs over a
 /// sub-block (q4_K: at most 8 · 2 · 15 · 127 = 30480; q5_K's, twice as large, in two halves),
 /// then widened once.
 ///
@@ -261,12 +261,12 @@ unsafe fn mask16(mask: u32) -> __m256i {
 unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
     grp: *const u8,
     nb: usize,
-    ps: [&q4_k::Natural; M],
+    ps: [&k_quants::Natural; M],
 ) -> [[f32; GROUP]; M] {
     let block_bytes = if Q5 {
-        q4_k::GROUP_BLOCK5
+        k_quants::GROUP_BLOCK5
     } else {
-        q4_k::GROUP_BLOCK
+        k_quants::GROUP_BLOCK
     };
     let ones = _mm256_set1_epi16(1);
     let low = _mm256_set1_epi8(0x0f);
@@ -283,7 +283,7 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
             for l in 0..block_bytes / 64 {
                 _mm_prefetch::<_MM_HINT_T1>(blk.wrapping_add(AHEAD + 64 * l).cast());
             }
-            let qs = blk.add(if Q5 { q4_k::NIBBLES5 } else { 256 });
+            let qs = blk.add(if Q5 { k_quants::NIBBLES5 } else { 256 });
             for h in 0..2 {
                 let (a, bw, c) = (words!(blk, 0, h), words!(blk, 1, h), words!(blk, 2, h));
                 let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(192 + 16 * h).cast()));
@@ -315,7 +315,7 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
                         let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
                         if Q5 {
                             let bits = |hl: usize| {
-                                let at = blk.add(q4_k::mask_offset(g, t, hl) + 4 * h);
+                                let at = blk.add(k_quants::mask_offset(g, t, hl) + 4 * h);
                                 mask16(at.cast::<u32>().read_unaligned())
                             };
                             ql = _mm256_add_epi8(ql, bits(0));
@@ -324,7 +324,7 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
                         // q4_K's 16-bit sums hold all 8 steps; q5_K's, 4.
                         let half = if Q5 { t / 4 } else { 0 };
                         for j in 0..M {
-                            let xq = ps[j].q.as_ptr().add(b * q4_k::BLOCK + 64 * g + 4 * t);
+                            let xq = ps[j].q.as_ptr().add(b * k_quants::BLOCK + 64 * g + 4 * t);
                             let xl = _mm256_set1_epi32(xq.cast::<i32>().read_unaligned());
                             let xh = _mm256_set1_epi32(xq.add(32).cast::<i32>().read_unaligned());
                             lo[j][half] =

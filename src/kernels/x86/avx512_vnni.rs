@@ -2,7 +2,7 @@
 //! ([`crate::kernels::quant`]): each 32-bit lane of a vector is one row, so a `vpdpbusd` adds
 //! four weights of each of 16 rows times the same four inputs, and no horizontal sum is needed
 //! until the end of a row. Each follows its type's fixed arithmetic (the module docs of
-//! [`q8_0`](crate::kernels::quant::q8_0) and [`q4_k`](crate::kernels::quant::q4_k)), so it gives
+//! [`q8_0`](crate::kernels::quant::q8_0) and [`k_quants`](crate::kernels::quant::k_quants)), so it gives
 //! the scalar twin's bits.
 //!
 //! q8_0's packed weights are `q + 128` (unsigned), so each block's integer sum starts at
@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::quant::q4_k::{
+use crate::kernels::quant::k_quants::{
     mask_offset, Natural, BLOCK as K_BLOCK, GROUP_BLOCK, GROUP_BLOCK5, NIBBLES5,
 };
 use crate::kernels::quant::q8_0::{Prepared, BLOCK, PAIR_BYTES};
