@@ -19,7 +19,7 @@ pub enum HeadWeights {
     Q8(Vec<BlockQ8>),
     /// q8_0 rows packed for the tier's packed q8_0 kernel (the input quantized to int8 as the
     /// layers' is): several times faster (see [`Heads::to_packed`]).
-    Q8Packed(std::rc::Rc<[u8]>),
+    Q8Packed(std::rc::Rc<Vec<u8>>),
 }
 
 /// The 15 heads on the host.
@@ -103,7 +103,7 @@ impl Heads {
         let rows = bytes.len() / row_bytes;
         q8_0::pack(&mut bytes, rows, row_bytes);
         Some(Heads {
-            weights: HeadWeights::Q8Packed(bytes.into()),
+            weights: HeadWeights::Q8Packed(std::rc::Rc::new(bytes)),
             ..self.clone_shape()
         })
     }
@@ -134,7 +134,7 @@ impl Heads {
     }
 
     /// The packed heads' bytes, head after head (`n_codes` packed rows each), when packed.
-    pub(crate) fn packed_bytes(&self) -> Option<std::rc::Rc<[u8]>> {
+    pub(crate) fn packed_bytes(&self) -> Option<std::rc::Rc<Vec<u8>>> {
         match &self.weights {
             HeadWeights::Q8Packed(b) => Some(b.clone()),
             _ => None,

@@ -31,7 +31,7 @@ pub struct SharedContext(std::rc::Rc<Held>);
 struct Held {
     ctx: Context,
     /// Bytes the context's tensors view in place ([`SharedContext::over_bytes`]).
-    _bytes: Option<std::rc::Rc<[u8]>>,
+    _bytes: Option<std::rc::Rc<Vec<u8>>>,
 }
 
 impl SharedContext {
@@ -43,7 +43,7 @@ impl SharedContext {
     /// A context whose tensors are views of `bytes`, which it holds: `(name, type, shape,
     /// offset)` each, the tensor's bytes starting at `offset`. Refused when a view does not fit.
     pub fn over_bytes(
-        bytes: std::rc::Rc<[u8]>,
+        bytes: std::rc::Rc<Vec<u8>>,
         views: &[(String, crate::gguf::GgmlType, Vec<usize>, usize)],
     ) -> Result<Self, GgmlError> {
         let ctx = Context::unallocated(views.len())?;
@@ -58,7 +58,7 @@ impl SharedContext {
                 });
             }
             // SAFETY: the bytes are inside `bytes` (checked above), which the returned context
-            // holds for as long as it and every graph over it live; an `Rc<[u8]>` shared with it
+            // holds for as long as it and every graph over it live; an `Rc<Vec<u8>>` shared with it
             // can no longer be written (`Rc::get_mut` fails while it is shared).
             let t =
                 unsafe { ctx.tensor_over(*ty, ne, bytes.as_ptr().add(*offset).cast_mut(), size)? };
@@ -282,7 +282,7 @@ impl Context {
     }
 
     /// A context of at most `n_tensors` tensors that get no memory of their own: views of the
-    /// caller's ([`Context::tensor_over`]).
+    /// caller's (see `SharedContext::over_bytes`).
     pub fn unallocated(n_tensors: usize) -> Result<Self, GgmlError> {
         // SAFETY: pure function.
         let per = unsafe { sys::ggml_tensor_overhead() } + 64;
