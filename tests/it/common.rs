@@ -3,9 +3,12 @@
 use std::path::PathBuf;
 
 /// The repository's root: this package's directory, or two above it for crates/cli (whose
-/// tests include this file).
+/// tests include this file). Read when the test runs (cargo sets it then too), so a test binary
+/// built from another checkout sharing the target directory still finds this one's fixtures.
 pub fn root() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
     if dir.join("tests/fixtures").is_dir() {
         dir
     } else {

@@ -255,9 +255,18 @@ fn cancels_at_random_points_leave_nothing_behind() {
         std::thread::sleep(delay);
         let t = Instant::now();
         s.cancel();
+        // The talker checks the flag before each frame: past this point at most the frame whose
+        // check already passed is finished (a bound in work, which a loaded machine cannot
+        // break, where a bound in time could).
+        let at_cancel = s.frames();
         let (summary, _) = s.wait();
         stops.push(t.elapsed());
         let summary = summary.unwrap_or_else(|e| panic!("cancel {i}: {e}"));
+        assert!(
+            summary.frames <= at_cancel + 1,
+            "cancel {i}: {} frames made, {at_cancel} when cancelled",
+            summary.frames
+        );
         // The tiny random model may sample end-of-speech: the reference says where it stops.
         assert!(summary.frames <= reference.frames);
         if summary.frames < reference.frames {
@@ -273,8 +282,10 @@ fn cancels_at_random_points_leave_nothing_behind() {
     }
     stops.sort();
     let (p50, max) = (stops[100], stops[199]);
+    // Reported, not asserted: the time depends on what else the machine runs (alone on a
+    // Sapphire Rapids core the p50 is a few microseconds; beside the other tests on 2 cores,
+    // hundreds of milliseconds).
     eprintln!("cancel to idle: p50 {p50:?}, max {max:?}");
-    assert!(p50 < Duration::from_millis(100), "p50 {p50:?}");
     assert_eq!(threads_settled(before), before, "threads leaked");
     // The next request is unaffected.
     let (again, wav) = run(&mut engine, req);

@@ -17,7 +17,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 #[test]
 fn cpu_specific_code_lives_under_src_kernels() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = &crate::common::root();
     let kernels = root.join("src/kernels");
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
@@ -138,7 +138,7 @@ fn uses(code: &str) -> Vec<String> {
 
 #[test]
 fn imports_run_one_way_from_error_up_to_engine() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let root = crate::common::root().join("src");
     let mut files = Vec::new();
     rust_files(&root, &mut files);
     let mut checked = 0;
@@ -186,7 +186,7 @@ fn imports_run_one_way_from_error_up_to_engine() {
 #[test]
 fn no_source_file_is_a_grab_bag() {
     const MOST_LINES: usize = 800;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = &crate::common::root();
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
     rust_files(&root.join("tests"), &mut files);
@@ -202,7 +202,7 @@ fn no_source_file_is_a_grab_bag() {
 
 #[test]
 fn every_unsafe_fn_says_what_its_caller_must_uphold() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = &crate::common::root();
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
     let mut seen = 0;

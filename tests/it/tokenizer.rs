@@ -20,7 +20,7 @@ fn tokenizer_dir() -> PathBuf {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::common::root()
         .join("tests/fixtures/tokenizer")
         .join(name)
 }
