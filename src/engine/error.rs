@@ -36,6 +36,14 @@ pub enum EngineError {
     /// Give text with at least one letter, digit or symbol.
     #[error("the text is empty after clean-up; nothing to speak")]
     EmptyText,
+    /// A [`Worker`](super::Worker)'s queue is full.
+    /// Try again once a request ends (a server answers 503 with `Retry-After`), or load the worker
+    /// with a longer queue.
+    #[error("busy: expected a free place in the queue of {queue} waiting requests, found it full; retry later")]
+    Busy {
+        /// The queue's capacity.
+        queue: usize,
+    },
     /// The thread plan cannot run.
     /// Fix [`EngineConfig::plan`](super::EngineConfig::plan) (or use [`ThreadPlan::default_for`](super::ThreadPlan::default_for)).
     #[error("thread plan: expected {expected}, found {found}")]

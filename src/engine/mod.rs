@@ -43,6 +43,7 @@ pub mod serial;
 mod stream;
 mod synthesis;
 mod talker_thread;
+mod worker;
 
 pub use config::{DecoderWeights, EngineConfig};
 pub(crate) use decoder_thread::decode_and_write;
@@ -53,6 +54,7 @@ pub(crate) use synthesis::plan_request;
 pub use synthesis::{
     downcast_sink, Canceller, EngineInfo, Finished, Request, SegmentReport, Summary, Synthesis,
 };
+pub use worker::{Job, Read, Worker, CHUNK_QUEUE, DEFAULT_QUEUE};
 
 use crate::model::ModelFiles;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -69,13 +71,13 @@ pub use crate::talker::Runtime as TalkerRuntime;
 use protocol::CodePredictorMsg;
 use protocol::CodePredictorReply;
 use protocol::DecoderMsg;
-use protocol::Job;
+use protocol::Job as StageJob;
 use protocol::StartInfo;
 
 /// The pipelined engine.
 #[derive(Debug)]
 pub struct Engine {
-    jobs: Option<Sender<Box<Job>>>,
+    jobs: Option<Sender<Box<StageJob>>>,
     threads: Vec<JoinHandle<()>>,
     info: EngineInfo,
     config: EngineConfig,
@@ -92,7 +94,7 @@ impl Engine {
         let lends =
             !(config.plan.talker.borrow.is_empty() && config.plan.code_predictor.borrow.is_empty());
         let loan = lends.then(CoreLoan::new);
-        let (job_tx, job_rx) = bounded::<Box<Job>>(protocol::JOB_QUEUE);
+        let (job_tx, job_rx) = bounded::<Box<StageJob>>(protocol::JOB_QUEUE);
         let (cp_tx, cp_rx) = bounded::<CodePredictorMsg>(protocol::TO_CODE_PREDICTOR);
         let (reply_tx, reply_rx) = bounded::<CodePredictorReply>(protocol::TO_TALKER);
         let (dec_tx, dec_rx) = bounded::<DecoderMsg>(config.codes_queue.max(1));
@@ -186,10 +188,20 @@ impl Engine {
 
     /// Starts a request writing to `sink`.
     pub fn synthesize(&mut self, req: Request, sink: Box<dyn AudioSink>) -> Synthesis<'_> {
-        let cancel = Arc::new(AtomicBool::new(false));
+        self.synthesize_with(req, sink, Arc::new(AtomicBool::new(false)))
+    }
+
+    /// [`Engine::synthesize`] stopped by `cancel` (a flag the caller made before the request
+    /// started, as [`Worker`] does for queued requests).
+    pub(crate) fn synthesize_with(
+        &mut self,
+        req: Request,
+        sink: Box<dyn AudioSink>,
+        cancel: Arc<AtomicBool>,
+    ) -> Synthesis<'_> {
         let progress = Arc::new(AtomicUsize::new(0));
         let (done_tx, done_rx) = bounded(protocol::DONE);
-        let job = Box::new(Job {
+        let job = Box::new(StageJob {
             req,
             cancel: cancel.clone(),
             progress: progress.clone(),

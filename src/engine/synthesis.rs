@@ -151,12 +151,23 @@ pub struct EngineInfo {
 
 /// Cancels a request from any thread.
 #[derive(Debug, Clone)]
-pub struct Canceller(Arc<AtomicBool>);
+pub struct Canceller {
+    flag: Arc<AtomicBool>,
+    /// Wakes a reader waiting on a queued request ([`super::Job`]), which then answers itself.
+    wake: Option<crossbeam_channel::Sender<()>>,
+}
 
 impl Canceller {
+    pub(super) fn new(flag: Arc<AtomicBool>, wake: Option<crossbeam_channel::Sender<()>>) -> Self {
+        Canceller { flag, wake }
+    }
+
     /// Stops the request between frames and flushes playback.
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::Release);
+        self.flag.store(true, Ordering::Release);
+        if let Some(w) = &self.wake {
+            let _ = w.try_send(());
+        }
     }
 }
 
@@ -183,7 +194,7 @@ pub(super) fn decoder_gone() -> Finished {
 impl Synthesis<'_> {
     /// A handle that cancels this request.
     pub fn canceller(&self) -> Canceller {
-        Canceller(self.cancel.clone())
+        Canceller::new(self.cancel.clone(), None)
     }
 
     /// Frames generated so far (codes produced; the decoder may be behind).

@@ -196,6 +196,15 @@ pub fn resolve(
     })
 }
 
+/// The model to use when none is named: the best under `models` ([`scan`]), else the built-in
+/// model ([`builtin`], made under `cache`; its [`FoundModel::builtin`] says it speaks noise).
+pub fn default_model(models: &Path, cache: &Path) -> Result<FoundModel, ModelError> {
+    match scan(models).into_iter().next() {
+        Some(m) => Ok(m),
+        None => builtin(cache),
+    }
+}
+
 /// The built-in default model: tiny random-weight CustomVoice (seed 1), made under `cache` on
 /// first use (about a second) and reused.
 pub fn builtin(cache: &Path) -> Result<FoundModel, ModelError> {

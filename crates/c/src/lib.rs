@@ -1,0 +1,611 @@
+//! The C ABI of qtts: load a model, start a synthesis, **pull** its audio, cancel, free.
+//!
+//! The header is `include/qtts.h`, made from this file by cbindgen (`cbindgen.toml`); read it for
+//! the C view. Everything runs on a [`qtts::engine::Worker`]: the engine's threads never call
+//! into foreign code, and the caller's threads only copy samples out ([`qtts_read`]).
+//!
+//! Contract:
+//! - Every function returns a status ([`QTTS_OK`] or a negative `QTTS_ERR_*`), or a value whose
+//!   failure case the function's docs state. After a failure, [`qtts_last_error`] gives the
+//!   message on the thread that saw it.
+//! - No panic crosses the boundary: one is caught and answered [`QTTS_ERR_INTERNAL`].
+//! - Null pointers, non-UTF-8 strings and structs whose `size` is smaller than the first
+//!   version's are answered [`QTTS_ERR_INVALID_ARGUMENT`]; never undefined behaviour that a check
+//!   could catch.
+//! - Forward compatibility: the option and request structs start with their `size`; a caller
+//!   built against an older header passes a smaller one, and the fields it lacks take their
+//!   defaults. [`qtts_abi_version`] changes when a function or field changes meaning.
+//! - Threads: an engine may be used from any thread ([`qtts_synthesize`] from several at once);
+//!   a synthesis is read from one thread at a time, and [`qtts_cancel`] may be called from any
+//!   thread at any time before [`qtts_synthesis_free`].
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use qtts::engine::{
+    Canceller, EngineConfig, EngineError, Job, Read, Request, ThreadPlan, Worker, DEFAULT_QUEUE,
+};
+use qtts::talker::{StopReason, Voice};
+
+/// The version of this ABI: changes when a function or a struct field changes meaning (a field
+/// added at the end of a struct does not change it).
+pub const QTTS_ABI_VERSION: u32 = 1;
+
+/// Success.
+pub const QTTS_OK: i32 = 0;
+/// A null pointer, a string that is not UTF-8, a struct `size` too small, a value out of range.
+pub const QTTS_ERR_INVALID_ARGUMENT: i32 = -1;
+/// The model could not be found or loaded (missing or corrupt files).
+pub const QTTS_ERR_MODEL: i32 = -2;
+/// The request does not fit the model (unknown voice or language, empty text, ...).
+pub const QTTS_ERR_REQUEST: i32 = -3;
+/// The engine's queue is full: try again when a synthesis ends.
+pub const QTTS_ERR_BUSY: i32 = -4;
+/// [`qtts_read`] found no audio within its timeout; the synthesis goes on.
+pub const QTTS_ERR_TIMEOUT: i32 = -5;
+/// An engine thread failed, or a bug (a caught panic): free the engine and load it again.
+pub const QTTS_ERR_INTERNAL: i32 = -6;
+
+/// Options of [`qtts_engine_load`]; fill with [`qtts_options_init`] first.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct QttsOptions {
+    /// `sizeof(QttsOptions)` as the caller was built (set by [`qtts_options_init`]).
+    pub size: usize,
+    /// The model: a directory with `talker-<type>.gguf` and `mmproj-<type>.gguf`, a talker GGUF,
+    /// or an official checkpoint directory (converted once into the cache). NULL: the best model
+    /// under `./models`, else the built-in tiny random-weight model (noise, not speech; see
+    /// [`qtts_engine_is_builtin`]).
+    pub model: *const c_char,
+    /// CPU cores for the engine; 0: all the machine's (as `qtts speak` does).
+    pub threads: u32,
+    /// Syntheses that may wait behind the running one before [`QTTS_ERR_BUSY`]; 0: 8.
+    pub queue: u32,
+    /// Where converted checkpoints and the built-in model are kept; NULL: `$XDG_CACHE_HOME/qtts`
+    /// or `~/.cache/qtts`.
+    pub cache_dir: *const c_char,
+}
+
+/// A request to [`qtts_synthesize`]; fill with [`qtts_request_init`] first.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct QttsRequest {
+    /// `sizeof(QttsRequest)` as the caller was built (set by [`qtts_request_init`]).
+    pub size: usize,
+    /// UTF-8 text to speak (required).
+    pub text: *const c_char,
+    /// A speaker of a CustomVoice model ([`qtts_engine_voice_name`]); NULL: the model's first.
+    pub voice: *const c_char,
+    /// A language (`english`, `chinese`, ...); NULL: `auto`.
+    pub language: *const c_char,
+    /// A voice instruction (VoiceDesign, 1.7B CustomVoice); NULL: none.
+    pub instruct: *const c_char,
+    /// Sampling seed: the same request and seed give the same audio.
+    pub seed: u64,
+    /// Frame cap per utterance (80 ms each); 0: scaled to the text.
+    pub max_frames: u32,
+    /// Frames per utterance before end-of-speech may be sampled; 0: the model's minimum. Equal
+    /// to `max_frames`, it fixes the length (benchmarks, tests).
+    pub min_frames: u32,
+}
+
+/// The end of a synthesis, from [`qtts_synthesis_summary`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QttsSummary {
+    /// Frames generated (80 ms each).
+    pub frames: u64,
+    /// Samples made (24 kHz mono).
+    pub samples: u64,
+    /// 1 when the synthesis was cancelled, else 0.
+    pub cancelled: i32,
+    /// Request to first audio, in milliseconds (-1 when no audio was made).
+    pub ttfa_ms: f64,
+    /// Real-time factor of generation (time to the last sample over the audio's duration).
+    pub rtf: f64,
+}
+
+/// A loaded model on its own thread (opaque).
+pub struct QttsEngine {
+    worker: Worker,
+    voices: Vec<CString>,
+    builtin: bool,
+}
+
+/// A running synthesis (opaque).
+pub struct QttsSynthesis {
+    job: Mutex<Job>,
+    cancel: Canceller,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(msg: impl std::fmt::Display) {
+    let text = msg.to_string().replace('\0', " ");
+    LAST_ERROR.with(|e| *e.borrow_mut() = CString::new(text).unwrap_or_default());
+}
+
+/// Runs `f`, turning an `Err((code, message))` or a panic into a status and the thread's last
+/// error.
+fn guard(f: impl FnOnce() -> Result<i32, (i32, String)>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(code)) => code,
+        Ok(Err((code, msg))) => {
+            set_error(msg);
+            code
+        }
+        Err(_) => {
+            set_error(
+                "internal error: a panic was caught at the C boundary (a bug: please report it)",
+            );
+            QTTS_ERR_INTERNAL
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> (i32, String) {
+    (QTTS_ERR_INVALID_ARGUMENT, msg.into())
+}
+
+fn code_of(e: &EngineError) -> i32 {
+    match e {
+        EngineError::Model(_) => QTTS_ERR_MODEL,
+        EngineError::Talker(_) | EngineError::EmptyText => QTTS_ERR_REQUEST,
+        EngineError::Busy { .. } => QTTS_ERR_BUSY,
+        EngineError::Plan { .. } => QTTS_ERR_INVALID_ARGUMENT,
+        _ => QTTS_ERR_INTERNAL,
+    }
+}
+
+/// An optional UTF-8 string argument.
+///
+/// # Safety
+/// `p` is null or points to a NUL-terminated string valid for the call.
+unsafe fn opt_str(p: *const c_char, what: &str) -> Result<Option<String>, (i32, String)> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str().map(|s| Some(s.to_owned())).map_err(|e| {
+        invalid(format!(
+            "{what}: expected UTF-8, found an invalid byte at {}",
+            e.valid_up_to()
+        ))
+    })
+}
+
+/// Reads a caller's struct of which only `size` bytes may exist: the missing tail keeps the
+/// defaults in `init`.
+///
+/// # Safety
+/// `p` is null or points to at least `size_of::<usize>()` readable bytes starting with the
+/// struct's `size` field, and to that many readable bytes in all.
+unsafe fn read_sized<T: Copy>(
+    p: *const T,
+    init: T,
+    min: usize,
+    what: &str,
+) -> Result<T, (i32, String)> {
+    if p.is_null() {
+        return Err(invalid(format!("{what}: expected a pointer, found NULL")));
+    }
+    // SAFETY: every such struct starts with its size (a usize), readable by the contract.
+    let size = unsafe { std::ptr::read_unaligned(p.cast::<usize>()) };
+    if size < min {
+        return Err(invalid(format!(
+            "{what}.size: expected at least {min} (sizeof of the first version; call the _init function), found {size}"
+        )));
+    }
+    let mut out = init;
+    let n = size.min(std::mem::size_of::<T>());
+    // SAFETY: `n` bytes are readable at `p` (the caller's size) and fit in `out`; T is plain
+    // old data (pointers and integers), so any bytes the caller wrote are a valid T.
+    unsafe {
+        std::ptr::copy_nonoverlapping(p.cast::<u8>(), (&raw mut out).cast::<u8>(), n);
+    }
+    Ok(out)
+}
+
+/// The first version's struct sizes: a caller's `size` below these is an error. When a field is
+/// added at the end of a struct, these stay at the sizes of version 1 (write the number here).
+const OPTIONS_V1: usize = std::mem::size_of::<QttsOptions>();
+const REQUEST_V1: usize = std::mem::size_of::<QttsRequest>();
+
+fn default_options() -> QttsOptions {
+    QttsOptions {
+        size: std::mem::size_of::<QttsOptions>(),
+        model: std::ptr::null(),
+        threads: 0,
+        queue: 0,
+        cache_dir: std::ptr::null(),
+    }
+}
+
+fn default_request() -> QttsRequest {
+    QttsRequest {
+        size: std::mem::size_of::<QttsRequest>(),
+        text: std::ptr::null(),
+        voice: std::ptr::null(),
+        language: std::ptr::null(),
+        instruct: std::ptr::null(),
+        seed: 0,
+        max_frames: 0,
+        min_frames: 0,
+    }
+}
+
+/// This library's ABI version ([`QTTS_ABI_VERSION`] as it was built): compare with the header's
+/// `QTTS_ABI_VERSION` at startup.
+#[no_mangle]
+pub extern "C" fn qtts_abi_version() -> u32 {
+    QTTS_ABI_VERSION
+}
+
+/// The sample rate of all audio: 24000 Hz, mono, f32 in [-1, 1].
+#[no_mangle]
+pub extern "C" fn qtts_sample_rate() -> u32 {
+    qtts::audio::SAMPLE_RATE
+}
+
+/// The message of the last failure on this thread ("" when none): valid until the next call
+/// into this library on this thread; do not free it.
+#[no_mangle]
+pub extern "C" fn qtts_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Fills `opts` with the defaults (and its `size`). Returns a status.
+///
+/// # Safety
+/// `opts` is null or points to a writable `QttsOptions`.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_options_init(opts: *mut QttsOptions) -> i32 {
+    if opts.is_null() {
+        set_error("opts: expected a pointer, found NULL");
+        return QTTS_ERR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null and writable by the contract.
+    unsafe { opts.write(default_options()) };
+    QTTS_OK
+}
+
+/// Fills `req` with the defaults (and its `size`). Returns a status.
+///
+/// # Safety
+/// `req` is null or points to a writable `QttsRequest`.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_request_init(req: *mut QttsRequest) -> i32 {
+    if req.is_null() {
+        set_error("req: expected a pointer, found NULL");
+        return QTTS_ERR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null and writable by the contract.
+    unsafe { req.write(default_request()) };
+    QTTS_OK
+}
+
+/// Loads a model and starts its engine; on success `*out` holds it (free with
+/// [`qtts_engine_free`]). Loading a model takes from a second (the built-in one) to a minute
+/// (converting a checkpoint the first time). Returns a status.
+///
+/// # Safety
+/// `opts` is null (the defaults) or points to a `QttsOptions` of at least its `size` bytes whose
+/// strings are null or NUL-terminated; `out` points to a writable pointer.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_engine_load(
+    opts: *const QttsOptions,
+    out: *mut *mut QttsEngine,
+) -> i32 {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("out: expected a pointer, found NULL"));
+        }
+        // SAFETY: `out` is writable by the contract; cleared first so a failure leaves NULL.
+        unsafe { out.write(std::ptr::null_mut()) };
+        let o = if opts.is_null() {
+            default_options()
+        } else {
+            // SAFETY: by the contract.
+            unsafe { read_sized(opts, default_options(), OPTIONS_V1, "opts")? }
+        };
+        // SAFETY: the strings are null or NUL-terminated by the contract.
+        let (model, cache) = unsafe {
+            (
+                opt_str(o.model, "opts.model")?,
+                opt_str(o.cache_dir, "opts.cache_dir")?,
+            )
+        };
+        let cache = cache
+            .map(PathBuf::from)
+            .unwrap_or_else(qtts::model::find::cache_dir);
+        let found = match model {
+            Some(p) => {
+                qtts::model::find::resolve(p.as_ref(), &cache, false, &mut |_| {}, &mut |_, _| {})
+            }
+            None => qtts::model::find::default_model("models".as_ref(), &cache),
+        }
+        .map_err(|e| (QTTS_ERR_MODEL, e.to_string()))?;
+        let mut config = EngineConfig::default();
+        if o.threads > 0 {
+            config.plan = ThreadPlan::for_cores(o.threads as usize);
+        }
+        let queue = if o.queue == 0 {
+            DEFAULT_QUEUE
+        } else {
+            o.queue as usize
+        };
+        let worker =
+            Worker::load(&found.files, config, queue).map_err(|e| (code_of(&e), e.to_string()))?;
+        let voices = worker
+            .info()
+            .speakers
+            .iter()
+            .map(|s| CString::new(s.replace('\0', " ")).unwrap_or_default())
+            .collect();
+        let engine = Box::new(QttsEngine {
+            worker,
+            voices,
+            builtin: found.builtin,
+        });
+        // SAFETY: writable by the contract.
+        unsafe { out.write(Box::into_raw(engine)) };
+        Ok(QTTS_OK)
+    })
+}
+
+/// Stops the engine: cancels its running and queued syntheses and joins its threads. Their
+/// handles stay valid (reads answer the end) until freed. NULL is ignored.
+///
+/// # Safety
+/// `engine` is null or came from [`qtts_engine_load`] and was not freed; no other thread uses it.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_engine_free(engine: *mut QttsEngine) {
+    if engine.is_null() {
+        return;
+    }
+    // SAFETY: owned by the caller, who gives it back (contract).
+    let engine = unsafe { Box::from_raw(engine) };
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(engine)));
+}
+
+/// 1 when the engine runs the built-in random-weight model (noise, not speech), 0 when a real
+/// one, -1 for NULL.
+///
+/// # Safety
+/// `engine` is null or a live engine.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_engine_is_builtin(engine: *const QttsEngine) -> i32 {
+    // SAFETY: null or live by the contract.
+    match unsafe { engine.as_ref() } {
+        Some(e) => i32::from(e.builtin),
+        None => -1,
+    }
+}
+
+/// The number of named voices (CustomVoice speakers; 0 for other models, and for NULL).
+///
+/// # Safety
+/// `engine` is null or a live engine.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_engine_voice_count(engine: *const QttsEngine) -> usize {
+    // SAFETY: null or live by the contract.
+    unsafe { engine.as_ref() }.map_or(0, |e| e.voices.len())
+}
+
+/// Voice `index`'s name, valid while the engine lives; NULL when `index` is out of range.
+///
+/// # Safety
+/// `engine` is null or a live engine.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_engine_voice_name(
+    engine: *const QttsEngine,
+    index: usize,
+) -> *const c_char {
+    // SAFETY: null or live by the contract.
+    match unsafe { engine.as_ref() }.and_then(|e| e.voices.get(index)) {
+        Some(v) => v.as_ptr(),
+        None => {
+            set_error(format!(
+                "voice index {index}: out of range (qtts_engine_voice_count)"
+            ));
+            std::ptr::null()
+        }
+    }
+}
+
+/// Starts synthesizing `req` (queued behind running syntheses); on success `*out` holds its
+/// handle, read with [`qtts_read`] and freed with [`qtts_synthesis_free`]. Errors in the request
+/// (unknown voice, empty text) are reported by [`qtts_read`] when the synthesis reaches them.
+/// Returns a status ([`QTTS_ERR_BUSY`] when the queue is full).
+///
+/// # Safety
+/// `engine` is a live engine; `req` points to a `QttsRequest` of at least its `size` bytes whose
+/// strings are null or NUL-terminated; `out` points to a writable pointer.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_synthesize(
+    engine: *const QttsEngine,
+    req: *const QttsRequest,
+    out: *mut *mut QttsSynthesis,
+) -> i32 {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("out: expected a pointer, found NULL"));
+        }
+        // SAFETY: writable by the contract; cleared so a failure leaves NULL.
+        unsafe { out.write(std::ptr::null_mut()) };
+        // SAFETY: null or live by the contract.
+        let engine = unsafe { engine.as_ref() }
+            .ok_or_else(|| invalid("engine: expected an engine, found NULL"))?;
+        // SAFETY: by the contract.
+        let r = unsafe { read_sized(req, default_request(), REQUEST_V1, "req")? };
+        // SAFETY: strings null or NUL-terminated by the contract.
+        let (text, voice, language, instruct) = unsafe {
+            (
+                opt_str(r.text, "req.text")?,
+                opt_str(r.voice, "req.voice")?,
+                opt_str(r.language, "req.language")?,
+                opt_str(r.instruct, "req.instruct")?,
+            )
+        };
+        let text = text.ok_or_else(|| invalid("req.text: expected UTF-8 text, found NULL"))?;
+        let mut request = Request::text(text);
+        let info = engine.worker.info();
+        let speaker = voice.or_else(|| {
+            (info.model_type == "custom_voice")
+                .then(|| info.speakers.first().cloned())
+                .flatten()
+        });
+        request.voice = Voice {
+            speaker,
+            language,
+            instruct,
+            xvector: None,
+        };
+        request.seed = r.seed;
+        request.max_frames = (r.max_frames > 0).then_some(r.max_frames as usize);
+        request.min_frames = request.min_frames.max(r.min_frames as usize);
+        let job = engine
+            .worker
+            .submit(request)
+            .map_err(|e| (code_of(&e), e.to_string()))?;
+        let cancel = job.canceller();
+        let handle = Box::new(QttsSynthesis {
+            job: Mutex::new(job),
+            cancel,
+        });
+        // SAFETY: writable by the contract.
+        unsafe { out.write(Box::into_raw(handle)) };
+        Ok(QTTS_OK)
+    })
+}
+
+/// Copies up to `cap` samples of the synthesis's audio (24 kHz mono f32) into `buf`, waiting up
+/// to `timeout_ms` for some (negative: as long as it takes; 0: only what is there).
+///
+/// Returns the number of samples copied (> 0); 0 at the end of the audio (after a cancel too);
+/// [`QTTS_ERR_TIMEOUT`] when none came in time (call again); another negative status when the
+/// synthesis failed (its message in [`qtts_last_error`]).
+///
+/// # Safety
+/// `s` is a live synthesis; `buf` points to `cap` writable floats.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_read(
+    s: *mut QttsSynthesis,
+    buf: *mut f32,
+    cap: usize,
+    timeout_ms: i32,
+) -> i64 {
+    let mut count = 0i64;
+    let status = guard(|| {
+        // SAFETY: null or live by the contract; only shared access (the job is behind a mutex).
+        let s = unsafe { s.as_ref() }
+            .ok_or_else(|| invalid("synthesis: expected a handle, found NULL"))?;
+        if buf.is_null() || cap == 0 {
+            return Err(invalid(format!(
+                "buf: expected room for at least 1 sample, found {} of capacity {cap}",
+                if buf.is_null() { "NULL" } else { "a buffer" }
+            )));
+        }
+        // SAFETY: `cap` writable floats at `buf` by the contract.
+        let out = unsafe { std::slice::from_raw_parts_mut(buf, cap) };
+        let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
+        let mut job = s.job.lock().unwrap_or_else(|e| e.into_inner());
+        match job.read(out, timeout) {
+            Read::Samples(n) => {
+                count = n as i64;
+                Ok(QTTS_OK)
+            }
+            Read::Timeout => Err((
+                QTTS_ERR_TIMEOUT,
+                format!("no audio within {timeout_ms} ms; the synthesis goes on"),
+            )),
+            Read::End => match job.outcome() {
+                Some(Err(e)) => Err((code_of(e), e.to_string())),
+                _ => Ok(QTTS_OK),
+            },
+        }
+    });
+    if status == QTTS_OK {
+        count
+    } else {
+        i64::from(status)
+    }
+}
+
+/// Stops the synthesis between frames (queued or running); what was made stays readable, then
+/// [`qtts_read`] answers 0. Any thread, any time before [`qtts_synthesis_free`]. Returns a
+/// status.
+///
+/// # Safety
+/// `s` is null or a live synthesis.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_cancel(s: *const QttsSynthesis) -> i32 {
+    // SAFETY: null or live by the contract; the canceller is an atomic flag.
+    match unsafe { s.as_ref() } {
+        Some(s) => {
+            s.cancel.cancel();
+            QTTS_OK
+        }
+        None => {
+            set_error("synthesis: expected a handle, found NULL");
+            QTTS_ERR_INVALID_ARGUMENT
+        }
+    }
+}
+
+/// The synthesis's summary once [`qtts_read`] has answered 0. Returns a status
+/// ([`QTTS_ERR_INVALID_ARGUMENT`] before the end).
+///
+/// # Safety
+/// `s` is a live synthesis; `out` points to a writable `QttsSummary`.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_synthesis_summary(
+    s: *const QttsSynthesis,
+    out: *mut QttsSummary,
+) -> i32 {
+    guard(|| {
+        // SAFETY: null or live by the contract.
+        let s = unsafe { s.as_ref() }
+            .ok_or_else(|| invalid("synthesis: expected a handle, found NULL"))?;
+        if out.is_null() {
+            return Err(invalid("out: expected a pointer, found NULL"));
+        }
+        let job = s.job.lock().unwrap_or_else(|e| e.into_inner());
+        let summary = match job.outcome() {
+            None => return Err(invalid("summary: expected a synthesis at its end (qtts_read answered 0), found one still running")),
+            Some(Err(e)) => return Err((code_of(e), e.to_string())),
+            Some(Ok(summary)) => summary,
+        };
+        let q = QttsSummary {
+            frames: summary.frames as u64,
+            samples: summary.samples as u64,
+            cancelled: i32::from(summary.stop == StopReason::Cancelled),
+            ttfa_ms: summary.ttfa.map_or(-1.0, |t| t.as_secs_f64() * 1e3),
+            rtf: summary.rtf(),
+        };
+        // SAFETY: writable by the contract.
+        unsafe { out.write(q) };
+        Ok(QTTS_OK)
+    })
+}
+
+/// Frees a synthesis, cancelling it if it has not ended. NULL is ignored.
+///
+/// # Safety
+/// `s` is null or a live synthesis no other thread uses (a [`qtts_cancel`] included).
+#[no_mangle]
+pub unsafe extern "C" fn qtts_synthesis_free(s: *mut QttsSynthesis) {
+    if s.is_null() {
+        return;
+    }
+    // SAFETY: owned by the caller, who gives it back (contract).
+    let s = unsafe { Box::from_raw(s) };
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(s)));
+}

@@ -1,0 +1,312 @@
+//! The C ABI called as C calls it: the audio read through `qtts_read` in any buffer size equals
+//! the engine's; bad arguments are statuses with messages, never a crash; a full queue is busy;
+//! cancel from another thread ends a blocked read.
+
+use std::ffi::{c_char, CStr, CString};
+use std::ptr::{null, null_mut};
+use std::sync::OnceLock;
+
+use qtts::audio::MemorySink;
+use qtts::engine::{downcast_sink, Engine, EngineConfig, Request};
+use qtts::talker::Voice;
+use qtts_c::*;
+
+/// A cache directory (holding the built-in model) shared by the tests of this process.
+fn cache() -> &'static (tempfile::TempDir, CString) {
+    static CACHE: OnceLock<(tempfile::TempDir, CString)> = OnceLock::new();
+    CACHE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        // Made once here: the tests' engines load it concurrently.
+        qtts::model::find::builtin(dir.path()).unwrap();
+        let c = CString::new(dir.path().to_str().unwrap()).unwrap();
+        (dir, c)
+    })
+}
+
+fn last_error() -> String {
+    // SAFETY: the library returns a NUL-terminated string valid until the next call.
+    unsafe { CStr::from_ptr(qtts_last_error()) }
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn load(queue: u32) -> *mut QttsEngine {
+    let mut opts = std::mem::MaybeUninit::<QttsOptions>::uninit();
+    // SAFETY: a writable struct.
+    assert_eq!(unsafe { qtts_options_init(opts.as_mut_ptr()) }, QTTS_OK);
+    // SAFETY: initialized just above.
+    let mut opts = unsafe { opts.assume_init() };
+    opts.cache_dir = cache().1.as_ptr();
+    opts.threads = 2;
+    opts.queue = queue;
+    let mut engine = null_mut();
+    // SAFETY: valid options and out pointer.
+    let status = unsafe { qtts_engine_load(&opts, &mut engine) };
+    assert_eq!(status, QTTS_OK, "{}", last_error());
+    assert!(!engine.is_null());
+    engine
+}
+
+fn request(text: &CStr, frames: u32) -> QttsRequest {
+    let mut r = std::mem::MaybeUninit::<QttsRequest>::uninit();
+    // SAFETY: a writable struct.
+    assert_eq!(unsafe { qtts_request_init(r.as_mut_ptr()) }, QTTS_OK);
+    // SAFETY: initialized just above.
+    let mut r = unsafe { r.assume_init() };
+    r.text = text.as_ptr();
+    r.seed = 7;
+    r.max_frames = frames;
+    r
+}
+
+/// A request of exactly `frames` frames (end-of-speech not sampled before).
+fn fixed(text: &CStr, frames: u32) -> QttsRequest {
+    let mut r = request(text, frames);
+    r.min_frames = frames;
+    r
+}
+
+fn start(engine: *mut QttsEngine, req: &QttsRequest) -> Result<*mut QttsSynthesis, i32> {
+    let mut s = null_mut();
+    // SAFETY: a live engine, a valid request and out pointer.
+    match unsafe { qtts_synthesize(engine, req, &mut s) } {
+        QTTS_OK => Ok(s),
+        e => Err(e),
+    }
+}
+
+/// Reads `s` to its end with a buffer of `cap`; the final status (0, or an error) with the audio.
+fn read_all(s: *mut QttsSynthesis, cap: usize) -> (Vec<f32>, i64) {
+    let mut out = Vec::new();
+    let mut buf = vec![0f32; cap];
+    loop {
+        // SAFETY: a live synthesis and `cap` writable floats.
+        let n = unsafe { qtts_read(s, buf.as_mut_ptr(), cap, 60_000) };
+        if n <= 0 {
+            return (out, n);
+        }
+        assert!(n as usize <= cap);
+        out.extend_from_slice(&buf[..n as usize]);
+    }
+}
+
+#[test]
+fn versions_and_rate() {
+    assert_eq!(qtts_abi_version(), QTTS_ABI_VERSION);
+    assert_eq!(qtts_sample_rate(), 24_000);
+}
+
+#[test]
+fn audio_read_in_any_buffer_equals_the_engines() {
+    let text = CString::new("Read me through the C ABI.").unwrap();
+    // The reference: the Rust engine on the same model and request.
+    let model = qtts::model::find::builtin(cache().0.path()).unwrap();
+    let config = EngineConfig {
+        plan: qtts::engine::ThreadPlan::for_cores(2),
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::load(&model.files, config).unwrap();
+    let mut req = Request::text(text.to_str().unwrap());
+    req.voice = Voice {
+        speaker: engine.info().speakers.first().cloned(),
+        ..Voice::default()
+    };
+    req.seed = 7;
+    req.max_frames = Some(12);
+    let (summary, sink) = engine
+        .synthesize(req, Box::new(MemorySink::default()))
+        .wait();
+    let frames = summary.unwrap().frames;
+    let want = downcast_sink::<MemorySink>(sink).unwrap().samples;
+    drop(engine);
+    assert!(!want.is_empty());
+
+    let e = load(2);
+    // SAFETY: a live engine.
+    unsafe {
+        assert_eq!(qtts_engine_is_builtin(e), 1);
+        let n = qtts_engine_voice_count(e);
+        assert!(n > 0);
+        assert!(!qtts_engine_voice_name(e, 0).is_null());
+        assert!(qtts_engine_voice_name(e, n).is_null());
+        assert!(last_error().contains("out of range"));
+    }
+    for cap in [1, 500, 1920, 1 << 20] {
+        let s = start(e, &request(&text, 12)).unwrap();
+        let (got, end) = read_all(s, cap);
+        assert_eq!(end, 0, "{}", last_error());
+        assert!(
+            got == want,
+            "buffer of {cap}: audio differs from the engine's"
+        );
+        let mut sum = QttsSummary::default();
+        // SAFETY: a live synthesis at its end, a writable summary.
+        unsafe {
+            assert_eq!(qtts_synthesis_summary(s, &mut sum), QTTS_OK);
+            qtts_synthesis_free(s);
+        }
+        assert_eq!(sum.frames as usize, frames);
+        assert_eq!(sum.samples as usize, want.len());
+        assert_eq!(sum.cancelled, 0);
+        assert!(sum.ttfa_ms > 0.0);
+    }
+    // SAFETY: the engine is not used after.
+    unsafe { qtts_engine_free(e) };
+}
+
+#[test]
+fn bad_arguments_are_statuses_with_messages() {
+    let e = load(1);
+    let text = CString::new("Hello.").unwrap();
+    // SAFETY: every call below passes what its contract allows (nulls included).
+    unsafe {
+        let mut s = null_mut();
+        assert_eq!(
+            qtts_synthesize(e, null(), &mut s),
+            QTTS_ERR_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("req"), "{}", last_error());
+        assert_eq!(
+            qtts_synthesize(null(), &request(&text, 0), &mut s),
+            QTTS_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            qtts_synthesize(e, &request(&text, 0), null_mut()),
+            QTTS_ERR_INVALID_ARGUMENT
+        );
+        // No text.
+        let mut r = request(&text, 0);
+        r.text = null();
+        assert_eq!(qtts_synthesize(e, &r, &mut s), QTTS_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("req.text"), "{}", last_error());
+        // Not UTF-8.
+        let bad = [b'a', 0xff, 0xfe, 0];
+        r.text = bad.as_ptr().cast::<c_char>();
+        assert_eq!(qtts_synthesize(e, &r, &mut s), QTTS_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("UTF-8"), "{}", last_error());
+        // A struct from no known version.
+        let mut r = request(&text, 0);
+        r.size = 8;
+        assert_eq!(qtts_synthesize(e, &r, &mut s), QTTS_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("size"), "{}", last_error());
+        assert!(s.is_null());
+        // An unknown voice: the request starts, its read answers the error.
+        let mut r = request(&text, 0);
+        let voice = CString::new("nobody-by-this-name").unwrap();
+        r.voice = voice.as_ptr();
+        let s = start(e, &r).unwrap();
+        let (audio, end) = read_all(s, 1024);
+        assert_eq!((audio.len(), end), (0, i64::from(QTTS_ERR_REQUEST)));
+        assert!(
+            last_error().contains("nobody-by-this-name"),
+            "{}",
+            last_error()
+        );
+        let mut sum = QttsSummary::default();
+        assert_eq!(qtts_synthesis_summary(s, &mut sum), QTTS_ERR_REQUEST);
+        qtts_synthesis_free(s);
+        // Reads with no room.
+        let s = start(e, &request(&text, 2)).unwrap();
+        assert_eq!(
+            qtts_read(s, null_mut(), 10, 0),
+            i64::from(QTTS_ERR_INVALID_ARGUMENT)
+        );
+        let mut one = 0f32;
+        assert_eq!(
+            qtts_read(s, &mut one, 0, 0),
+            i64::from(QTTS_ERR_INVALID_ARGUMENT)
+        );
+        assert_eq!(
+            qtts_read(null_mut(), &mut one, 1, 0),
+            i64::from(QTTS_ERR_INVALID_ARGUMENT)
+        );
+        assert_eq!(qtts_cancel(null()), QTTS_ERR_INVALID_ARGUMENT);
+        qtts_synthesis_free(s);
+        qtts_synthesis_free(null_mut());
+        qtts_engine_free(e);
+        qtts_engine_free(null_mut());
+        assert_eq!(qtts_options_init(null_mut()), QTTS_ERR_INVALID_ARGUMENT);
+        assert_eq!(qtts_request_init(null_mut()), QTTS_ERR_INVALID_ARGUMENT);
+    }
+}
+
+#[test]
+fn a_missing_model_is_a_model_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = CString::new(dir.path().join("nothing-here").to_str().unwrap()).unwrap();
+    let mut opts = std::mem::MaybeUninit::<QttsOptions>::uninit();
+    let mut e = null_mut();
+    // SAFETY: valid pointers.
+    unsafe {
+        qtts_options_init(opts.as_mut_ptr());
+        let mut opts = opts.assume_init();
+        opts.model = path.as_ptr();
+        assert_eq!(qtts_engine_load(&opts, &mut e), QTTS_ERR_MODEL);
+        assert!(last_error().contains("nothing-here"), "{}", last_error());
+        assert_eq!(
+            qtts_engine_load(&opts, null_mut()),
+            QTTS_ERR_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("out"), "{}", last_error());
+    }
+    assert!(e.is_null());
+}
+
+#[test]
+fn a_full_queue_is_busy_and_cancel_ends_a_blocked_read() {
+    let e = load(1);
+    let text = CString::new("A long request that nobody reads for a while.").unwrap();
+    let running = start(e, &fixed(&text, 200)).unwrap();
+    // Wait until the worker runs it (audio comes), so that the next one is queued.
+    let mut buf = vec![0f32; 1920];
+    // SAFETY: a live synthesis and writable floats.
+    assert!(unsafe { qtts_read(running, buf.as_mut_ptr(), buf.len(), 60_000) } > 0);
+    let queued = start(e, &fixed(&text, 200)).unwrap();
+    assert_eq!(start(e, &fixed(&text, 200)), Err(QTTS_ERR_BUSY));
+    assert!(last_error().contains("busy"), "{}", last_error());
+    // The queued one has nothing yet.
+    // SAFETY: as above.
+    let n = unsafe { qtts_read(queued, buf.as_mut_ptr(), buf.len(), 10) };
+    assert_eq!(n, i64::from(QTTS_ERR_TIMEOUT));
+    // Cancel the queued one from another thread while this one blocks reading it.
+    let handle = queued as usize;
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // SAFETY: the synthesis lives until freed below, after this thread is joined.
+        unsafe { qtts_cancel(handle as *const QttsSynthesis) }
+    });
+    // SAFETY: as above; -1: wait as long as it takes, which the cancel ends.
+    let n = unsafe { qtts_read(queued, buf.as_mut_ptr(), buf.len(), -1) };
+    assert_eq!(canceller.join().unwrap(), QTTS_OK);
+    assert_eq!(n, 0);
+    let mut sum = QttsSummary::default();
+    // SAFETY: live handles; the engine is freed last.
+    unsafe {
+        assert_eq!(qtts_synthesis_summary(queued, &mut sum), QTTS_OK);
+        assert_eq!((sum.frames, sum.cancelled), (0, 1));
+        assert_eq!(qtts_cancel(running), QTTS_OK);
+        let (_, end) = read_all(running, 4096);
+        assert_eq!(end, 0);
+        assert_eq!(qtts_synthesis_summary(running, &mut sum), QTTS_OK);
+        assert_eq!(sum.cancelled, 1);
+        assert!(sum.frames < 200);
+        qtts_synthesis_free(queued);
+        qtts_synthesis_free(running);
+        qtts_engine_free(e);
+    }
+}
+
+#[test]
+fn freeing_the_engine_ends_its_syntheses() {
+    let e = load(2);
+    let text = CString::new("Freed while speaking.").unwrap();
+    let s = start(e, &fixed(&text, 200)).unwrap();
+    // SAFETY: the synthesis outlives its engine by the ABI's contract; freed last.
+    unsafe {
+        qtts_engine_free(e);
+        let (_, end) = read_all(s, 4096);
+        assert_eq!(end, 0);
+        qtts_synthesis_free(s);
+    }
+}
