@@ -2,10 +2,11 @@
  * checks that the read ends promptly and the summary says so.
  *
  *   cc examples/c/cancel.c -Icrates/c/include -L$LIBDIR -lqtts_c -lpthread -o cancel
- *   ./cancel [MODEL]
+ *   ./cancel [MODEL [THREADS]]      (MODEL "" or absent: as speak_wav.c)
  */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "qtts.h"
@@ -29,7 +30,8 @@ static void *cancel_later(void *arg) {
 int main(int argc, char **argv) {
     QttsOptions opts;
     qtts_options_init(&opts);
-    opts.model = argc > 1 ? argv[1] : NULL;
+    opts.model = argc > 1 && argv[1][0] ? argv[1] : NULL;
+    opts.threads = argc > 2 ? (uint32_t)atoi(argv[2]) : 0;
     QttsEngine *engine = NULL;
     if (qtts_engine_load(&opts, &engine) != QTTS_OK) {
         fprintf(stderr, "loading the model: %s\n", qtts_last_error());

@@ -1,9 +1,10 @@
 /* Speaks a sentence into a 16-bit WAV file through the C ABI, reading the audio as it is made.
  *
  *   cc examples/c/speak_wav.c -Icrates/c/include -L$LIBDIR -lqtts_c -o speak_wav
- *   ./speak_wav out.wav "Hello from C." [MODEL]
+ *   ./speak_wav out.wav "Hello from C." [MODEL [THREADS]]
  *
- * Without MODEL: the best model under ./models, else the built-in test model (noise). */
+ * Without MODEL (or with ""): the best model under ./models, else the built-in test model
+ * (noise). THREADS: cores to use (default: all). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,7 @@ static void wav_header(FILE *f, uint32_t rate, uint32_t samples) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s OUT.wav TEXT [MODEL]\n", argv[0]);
+        fprintf(stderr, "usage: %s OUT.wav TEXT [MODEL [THREADS]]\n", argv[0]);
         return 2;
     }
     if (qtts_abi_version() != QTTS_ABI_VERSION) {
@@ -48,7 +49,8 @@ int main(int argc, char **argv) {
     }
     QttsOptions opts;
     qtts_options_init(&opts);
-    opts.model = argc > 3 ? argv[3] : NULL;
+    opts.model = argc > 3 && argv[3][0] ? argv[3] : NULL;
+    opts.threads = argc > 4 ? (uint32_t)atoi(argv[4]) : 0;
     QttsEngine *engine = NULL;
     if (qtts_engine_load(&opts, &engine) != QTTS_OK) {
         fprintf(stderr, "loading the model: %s\n", qtts_last_error());

@@ -1,0 +1,403 @@
+//! The Python package `qtts` (PyO3, abi3): an [`Engine`] on a [`qtts::engine::Worker`], one-shot
+//! synthesis to a numpy array, streaming as an iterator of numpy chunks, cancellation.
+//!
+//! Contract:
+//! - The GIL is released while the engine works: a synthesis never stops other Python threads,
+//!   and another thread may cancel it ([`Engine::cancel`], [`Stream::cancel`]).
+//! - Waiting wakes every 100 ms to let Python handle signals: Ctrl-C raises `KeyboardInterrupt`
+//!   and cancels the synthesis.
+//! - Errors are typed: `qtts.ModelError` (files), `qtts.RequestError` (the request does not fit
+//!   the model), `qtts.BusyError` (queue full), all `qtts.QttsError`, each with the Rust error's
+//!   text; wrong argument types are `TypeError`, as for any Python function.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use numpy::{IntoPyArray, PyArray1};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyRuntimeError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use qtts::engine::{
+    Canceller, EngineConfig, EngineError, EngineInfo, Job, Request, Summary, ThreadPlan, Worker,
+};
+use qtts::talker::{StopReason, Voice};
+
+create_exception!(
+    qtts,
+    QttsError,
+    PyException,
+    "A failure of the qtts engine."
+);
+create_exception!(
+    qtts,
+    ModelError,
+    QttsError,
+    "A model could not be found or loaded."
+);
+create_exception!(
+    qtts,
+    RequestError,
+    QttsError,
+    "The request does not fit the model (unknown voice or language, empty text, ...)."
+);
+create_exception!(
+    qtts,
+    BusyError,
+    QttsError,
+    "The engine's queue is full: retry later."
+);
+
+/// How often a wait wakes to let Python handle signals.
+const POLL: Duration = Duration::from_millis(100);
+
+fn to_py(e: EngineError) -> PyErr {
+    let text = e.to_string();
+    match e {
+        EngineError::Model(_) => ModelError::new_err(text),
+        EngineError::Talker(_) | EngineError::EmptyText => RequestError::new_err(text),
+        EngineError::Busy { .. } => BusyError::new_err(text),
+        _ => QttsError::new_err(text),
+    }
+}
+
+fn summary_dict<'py>(py: Python<'py>, s: &Summary) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("frames", s.frames)?;
+    d.set_item("samples", s.samples)?;
+    d.set_item("cancelled", s.stop == StopReason::Cancelled)?;
+    d.set_item("ttfa_ms", s.ttfa.map(|t| t.as_secs_f64() * 1e3))?;
+    d.set_item("rtf", s.rtf())?;
+    Ok(d)
+}
+
+/// Waits for `job`'s next chunk with the GIL released, waking to check for signals; a signal's
+/// exception cancels the job.
+fn next_chunk(py: Python<'_>, job: &mut Job) -> PyResult<Option<Vec<f32>>> {
+    loop {
+        match py.detach(|| job.next_chunk(Some(POLL))) {
+            Ok(c) => return Ok(c),
+            Err(_) => {
+                if let Err(e) = py.check_signals() {
+                    job.cancel();
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// A model loaded on its own thread.
+///
+/// `Engine(model=None, *, threads=0, queue=8, cache_dir=None)`: `model` is a directory with a
+/// converted GGUF pair, a talker GGUF, or an official checkpoint directory (converted once into
+/// the cache); `None` takes the best model under `./models`, else the built-in test model
+/// (noise, not speech: see `builtin`). `threads`: cores to use (0: all). `queue`: syntheses that
+/// may wait behind the running one before `BusyError`.
+#[pyclass(module = "qtts", frozen)]
+struct Engine {
+    worker: Mutex<Option<Worker>>,
+    info: EngineInfo,
+    builtin: bool,
+    description: String,
+}
+
+impl Engine {
+    fn submit(&self, req: Request) -> PyResult<Job> {
+        let guard = self.worker.lock().unwrap_or_else(|e| e.into_inner());
+        let worker = guard
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("this engine is closed"))?;
+        worker.submit(req).map_err(to_py)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn request(
+        &self,
+        text: String,
+        voice: Option<String>,
+        language: Option<String>,
+        instruct: Option<String>,
+        seed: u64,
+        max_frames: Option<usize>,
+        min_frames: Option<usize>,
+    ) -> Request {
+        let mut req = Request::text(text);
+        let speaker = voice.or_else(|| {
+            (self.info.model_type == "custom_voice")
+                .then(|| self.info.speakers.first().cloned())
+                .flatten()
+        });
+        req.voice = Voice {
+            speaker,
+            language,
+            instruct,
+            xvector: None,
+        };
+        req.seed = seed;
+        req.max_frames = max_frames;
+        if let Some(m) = min_frames {
+            req.min_frames = req.min_frames.max(m);
+        }
+        req
+    }
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (model=None, *, threads=0, queue=8, cache_dir=None))]
+    fn new(
+        py: Python<'_>,
+        model: Option<PathBuf>,
+        threads: usize,
+        queue: usize,
+        cache_dir: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        if queue == 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "queue: expected at least 1, found 0",
+            ));
+        }
+        py.detach(|| {
+            let cache = cache_dir.unwrap_or_else(qtts::model::find::cache_dir);
+            let found = match &model {
+                Some(p) => {
+                    qtts::model::find::resolve(p, &cache, false, &mut |_| {}, &mut |_, _| {})
+                }
+                None => qtts::model::find::default_model("models".as_ref(), &cache),
+            }
+            .map_err(EngineError::Model)?;
+            let mut config = EngineConfig::default();
+            if threads > 0 {
+                config.plan = ThreadPlan::for_cores(threads);
+            }
+            let worker = Worker::load(&found.files, config, queue)?;
+            Ok::<_, EngineError>(Engine {
+                info: worker.info().clone(),
+                worker: Mutex::new(Some(worker)),
+                builtin: found.builtin,
+                description: found.description,
+            })
+        })
+        .map_err(to_py)
+    }
+
+    /// The named voices (CustomVoice speakers; empty for other models).
+    #[getter]
+    fn voices(&self) -> Vec<String> {
+        self.info.speakers.clone()
+    }
+
+    /// The languages the model knows, `auto` first.
+    #[getter]
+    fn languages(&self) -> Vec<String> {
+        self.info.languages.clone()
+    }
+
+    /// `custom_voice`, `voice_design` or `base`.
+    #[getter]
+    fn model_type(&self) -> &'static str {
+        self.info.model_type
+    }
+
+    /// True for the built-in random-weight test model (noise, not speech).
+    #[getter]
+    fn builtin(&self) -> bool {
+        self.builtin
+    }
+
+    /// Sample rate of all audio: 24000 Hz, mono float32.
+    #[getter]
+    fn sample_rate(&self) -> u32 {
+        qtts::audio::SAMPLE_RATE
+    }
+
+    /// Speaks `text`; returns the whole audio as a float32 numpy array (24 kHz mono).
+    #[pyo3(signature = (text, *, voice=None, language=None, instruct=None, seed=0, max_frames=None, min_frames=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn synthesize<'py>(
+        &self,
+        py: Python<'py>,
+        text: String,
+        voice: Option<String>,
+        language: Option<String>,
+        instruct: Option<String>,
+        seed: u64,
+        max_frames: Option<usize>,
+        min_frames: Option<usize>,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let req = self.request(
+            text, voice, language, instruct, seed, max_frames, min_frames,
+        );
+        let mut job = self.submit(req)?;
+        let mut audio = Vec::new();
+        while let Some(c) = next_chunk(py, &mut job)? {
+            audio.extend_from_slice(&c);
+        }
+        py.detach(|| job.finish()).map_err(to_py)?;
+        Ok(audio.into_pyarray(py))
+    }
+
+    /// Speaks `text`, yielding float32 numpy chunks as the engine makes them (a `Stream`).
+    #[pyo3(signature = (text, *, voice=None, language=None, instruct=None, seed=0, max_frames=None, min_frames=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn stream(
+        &self,
+        text: String,
+        voice: Option<String>,
+        language: Option<String>,
+        instruct: Option<String>,
+        seed: u64,
+        max_frames: Option<usize>,
+        min_frames: Option<usize>,
+    ) -> PyResult<Stream> {
+        let req = self.request(
+            text, voice, language, instruct, seed, max_frames, min_frames,
+        );
+        let job = self.submit(req)?;
+        Ok(Stream {
+            cancel: job.canceller(),
+            job: Mutex::new(Some(job)),
+            summary: Mutex::new(None),
+        })
+    }
+
+    /// Cancels every synthesis started so far (running or queued), from any thread: each ends
+    /// between frames, a `synthesize` returning the audio made until then.
+    fn cancel(&self) {
+        if let Some(w) = &*self.worker.lock().unwrap_or_else(|e| e.into_inner()) {
+            w.cancel_all();
+        }
+    }
+
+    /// Stops the engine and frees its model (also done when it is garbage-collected).
+    fn close(&self, py: Python<'_>) {
+        let worker = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        py.detach(move || drop(worker));
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _ty: Option<Bound<'_, PyAny>>,
+        _value: Option<Bound<'_, PyAny>>,
+        _tb: Option<Bound<'_, PyAny>>,
+    ) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!("qtts.Engine({})", self.description)
+    }
+
+    /// The baseline of `bench_overhead.py`: `text` at exactly `frames` frames read to its end in
+    /// Rust on this engine's worker, the GIL released; returns (seconds to the first chunk,
+    /// seconds to the last, samples).
+    #[pyo3(signature = (text, frames, seed=0))]
+    fn _time_in_rust(
+        &self,
+        py: Python<'_>,
+        text: String,
+        frames: usize,
+        seed: u64,
+    ) -> PyResult<(f64, f64, usize)> {
+        let req = self.request(text, None, None, None, seed, Some(frames), Some(frames));
+        let t = std::time::Instant::now();
+        let mut job = self.submit(req)?;
+        py.detach(|| {
+            let mut first = None;
+            let mut samples = 0;
+            while let Some(c) = job
+                .next_chunk(None)
+                .map_err(|_| EngineError::StageGone { stage: "worker" })?
+            {
+                first.get_or_insert_with(|| t.elapsed().as_secs_f64());
+                samples += c.len();
+            }
+            job.finish()?;
+            Ok((
+                first.unwrap_or(f64::NAN),
+                t.elapsed().as_secs_f64(),
+                samples,
+            ))
+        })
+        .map_err(to_py)
+    }
+}
+
+/// A synthesis in progress: iterate for float32 numpy chunks; `cancel()` from any thread.
+#[pyclass(module = "qtts", frozen)]
+struct Stream {
+    job: Mutex<Option<Job>>,
+    cancel: Canceller,
+    summary: Mutex<Option<Summary>>,
+}
+
+#[pymethods]
+impl Stream {
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray1<f32>>>> {
+        let mut guard = self.job.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(job) = guard.as_mut() else {
+            return Ok(None);
+        };
+        if let Some(c) = next_chunk(py, job)? {
+            return Ok(Some(c.into_pyarray(py)));
+        }
+        let job = guard.take().expect("checked above");
+        let summary = py.detach(|| job.finish()).map_err(to_py)?;
+        *self.summary.lock().unwrap_or_else(|e| e.into_inner()) = Some(summary);
+        Ok(None)
+    }
+
+    /// Stops the synthesis between frames; chunks made before still come, then the end.
+    fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// After the last chunk: frames, samples, cancelled, ttfa_ms, rtf; None before.
+    fn summary<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match &*self.summary.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(s) => summary_dict(py, s).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Leaving a `with` block cancels what was not read.
+    fn __exit__(
+        &self,
+        _ty: Option<Bound<'_, PyAny>>,
+        _value: Option<Bound<'_, PyAny>>,
+        _tb: Option<Bound<'_, PyAny>>,
+    ) -> bool {
+        self.cancel.cancel();
+        false
+    }
+}
+
+#[pymodule(name = "qtts")]
+fn qtts_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Engine>()?;
+    m.add_class::<Stream>()?;
+    m.add("QttsError", m.py().get_type::<QttsError>())?;
+    m.add("ModelError", m.py().get_type::<ModelError>())?;
+    m.add("RequestError", m.py().get_type::<RequestError>())?;
+    m.add("BusyError", m.py().get_type::<BusyError>())?;
+    m.add("SAMPLE_RATE", qtts::audio::SAMPLE_RATE)?;
+    Ok(())
+}
