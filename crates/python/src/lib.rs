@@ -1,9 +1,9 @@
-//! The Python package `qtts` (PyO3, abi3): an [`Engine`] on a [`qtts::engine::Worker`], one-shot
+//! The Python package `qtts` (PyO3, abi3): an `Engine` on a [`qtts::engine::Worker`], one-shot
 //! synthesis to a numpy array, streaming as an iterator of numpy chunks, cancellation.
 //!
 //! Contract:
 //! - The GIL is released while the engine works: a synthesis never stops other Python threads,
-//!   and another thread may cancel it ([`Engine::cancel`], [`Stream::cancel`]).
+//!   and another thread may cancel it (`Engine.cancel`, `Stream.cancel`).
 //! - Waiting wakes every 100 ms to let Python handle signals: Ctrl-C raises `KeyboardInterrupt`
 //!   and cancels the synthesis.
 //! - Errors are typed: `qtts.ModelError` (files), `qtts.RequestError` (the request does not fit
