@@ -210,3 +210,22 @@ pub fn own_process(name: &str, env: &[(&str, &str)]) -> bool {
     );
     false
 }
+
+/// The model files of a conversion.
+pub fn files(out: &qtts::model::convert::Converted) -> qtts::model::ModelFiles {
+    qtts::model::ModelFiles {
+        talker: out.talker.clone(),
+        mmproj: out.mmproj.clone(),
+    }
+}
+
+/// The engine settings of the end-to-end tests (`engine`, `worker`): 2 cores, exact, a short
+/// context.
+pub fn config() -> qtts::engine::EngineConfig {
+    qtts::engine::EngineConfig {
+        plan: qtts::engine::ThreadPlan::for_cores(2),
+        exact: true,
+        n_ctx: 256,
+        ..qtts::engine::EngineConfig::default()
+    }
+}

@@ -3,6 +3,7 @@
 //! backpressure.
 
 use crate::common;
+use common::{config, files};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,22 +22,6 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial_guard() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn files(out: &qtts::model::convert::Converted) -> ModelFiles {
-    ModelFiles {
-        talker: out.talker.clone(),
-        mmproj: out.mmproj.clone(),
-    }
-}
-
-fn config() -> EngineConfig {
-    EngineConfig {
-        plan: ThreadPlan::for_cores(2),
-        exact: true,
-        n_ctx: 256,
-        ..EngineConfig::default()
-    }
 }
 
 fn vivian() -> Voice {

@@ -3,32 +3,15 @@
 //! leave the worker serving the next request exactly; dropping the worker answers every job.
 
 use crate::common;
+use common::{config, files};
 
 use std::time::Duration;
 
 use qtts::audio::MemorySink;
-use qtts::engine::{
-    downcast_sink, Engine, EngineConfig, EngineError, Read, Request, ThreadPlan, Worker,
-};
+use qtts::engine::{downcast_sink, Engine, EngineError, Read, Request, Worker};
 use qtts::model::convert::OutType;
 use qtts::model::ModelFiles;
 use qtts::talker::{StopReason, Voice};
-
-fn files(out: &qtts::model::convert::Converted) -> ModelFiles {
-    ModelFiles {
-        talker: out.talker.clone(),
-        mmproj: out.mmproj.clone(),
-    }
-}
-
-fn config() -> EngineConfig {
-    EngineConfig {
-        plan: ThreadPlan::for_cores(2),
-        exact: true,
-        n_ctx: 256,
-        ..EngineConfig::default()
-    }
-}
 
 fn request(seed: u64, frames: usize) -> Request {
     let mut req = Request::text("The worker speaks for whoever asks.");
