@@ -149,6 +149,18 @@ pub struct EngineInfo {
     pub hidden: usize,
 }
 
+impl EngineInfo {
+    /// The speaker a request without one gets: `vivian` where the model has her, else its first
+    /// speaker; `None` for models without speakers (Base, VoiceDesign).
+    pub fn default_speaker(&self) -> Option<&str> {
+        self.speakers
+            .iter()
+            .find(|s| s.eq_ignore_ascii_case("vivian"))
+            .or(self.speakers.first())
+            .map(String::as_str)
+    }
+}
+
 /// Cancels a request from any thread.
 #[derive(Debug, Clone)]
 pub struct Canceller {

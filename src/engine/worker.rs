@@ -315,6 +315,12 @@ impl Job {
         self.canceller.clone()
     }
 
+    /// Whether the request still waits in the queue (the worker has not taken it, and it was not
+    /// cancelled there): a server uses it to bound the time a request waits before it starts.
+    pub fn is_queued(&self) -> bool {
+        self.state.load(Ordering::Acquire) == QUEUED
+    }
+
     /// Answers a job cancelled while still queued, if it is (the worker will skip it).
     fn abandon(&mut self) -> bool {
         let won = self

@@ -14,6 +14,7 @@ use qtts::model::convert::{convert, OutType};
 
 mod bench;
 mod bench_cli;
+mod serve_cli;
 
 /// qtts: a CPU-first streaming text-to-speech engine for Qwen3-TTS-12Hz.
 #[derive(Parser, Debug)]
@@ -93,6 +94,9 @@ enum Command {
     /// RSS, per-stage percentiles) on full-size random-weight models, optionally against the
     /// official PyTorch package, and print one table of medians.
     Bench(bench_cli::BenchArgs),
+    /// Serve the OpenAI speech API (HTTP) and Wyoming (Home Assistant) from one engine; prints
+    /// `listening http=ADDR wyoming=ADDR` once ready.
+    Serve(serve_cli::ServeArgs),
     /// One measured run of `qtts bench`, printed as a JSON line (run by `qtts bench`).
     #[command(hide = true)]
     BenchRun(bench_cli::RunArgs),
@@ -668,6 +672,7 @@ fn main() -> anyhow::Result<()> {
                 start.elapsed().as_secs_f64()
             );
         }
+        Command::Serve(a) => serve_cli::run(&a)?,
         Command::Bench(a) => bench_cli::run(&a)?,
         Command::BenchRun(a) => bench_cli::run_one(&a)?,
         Command::Validate { files, llama } => {
