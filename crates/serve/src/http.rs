@@ -567,7 +567,11 @@ async fn buffered(mut a: Admitted, first: Event, enc: &mut Encoder) -> Result<Re
     let mut out = Vec::new();
     let mut ev = Some(first);
     loop {
-        match ev.take().or(a.next().await) {
+        let next = match ev.take() {
+            Some(e) => Some(e),
+            None => a.next().await,
+        };
+        match next {
             Some(Event::Audio(c)) => out.extend(enc.push(&c).map_err(enc_err)?),
             Some(Event::End(Ok(_))) => break,
             Some(Event::End(Err(e))) => return Err(engine_error(&e)),

@@ -1,0 +1,338 @@
+"""The real `openai` client (3.60.0) against `qtts serve` (serving.md §1.7)."""
+
+import asyncio
+import base64
+import io
+import json
+import socket
+import threading
+import time
+
+import httpx2 as httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+
+FRAMES = 12
+SAMPLES = FRAMES * 1920
+EXTRA = {"max_new_tokens": FRAMES, "seed": 1}
+
+
+def client(server, **kw):
+    kw.setdefault("max_retries", 0)
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="sk-local", **kw)
+
+
+def pcm(server, **kw):
+    """The s16 samples of a streamed pcm response and the arrival time of each chunk."""
+    times, data = [], b""
+    t0 = time.monotonic()
+    body = dict(model="tts-1", voice="vivian", input="Hello there.", response_format="pcm",
+                extra_body=EXTRA)
+    body.update(kw)
+    with client(server).audio.speech.with_streaming_response.create(**body) as r:
+        assert r.headers["content-type"] == "audio/pcm"
+        for c in r.iter_bytes():
+            times.append(time.monotonic() - t0)
+            data += c
+    return data, times
+
+
+def test_models_list_has_the_model_and_aliases(server):
+    ids = [m.id for m in client(server).models.list()]
+    assert ids[0].startswith("qwen3-tts-12hz-")
+    assert {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= set(ids)
+
+
+def test_voices_are_objects_with_id_and_name(server):
+    v = httpx.get(server.base + "/v1/audio/voices").json()["voices"]
+    assert v and all("id" in x and "name" in x for x in v)
+    assert "vivian" in [x["id"] for x in v]
+
+
+def test_pcm_streams_incrementally_and_is_reproducible(server):
+    data, times = pcm(server)
+    assert len(data) == SAMPLES * 2
+    assert len(times) > 1 and times[0] < times[-1], "audio came in one piece"
+    again, _ = pcm(server)
+    assert again == data
+    other, _ = pcm(server, extra_body={"max_new_tokens": FRAMES, "seed": 2})
+    assert other != data
+
+
+def test_wav_has_streaming_header_and_the_same_samples(server):
+    data, _ = pcm(server)
+    with client(server).audio.speech.with_streaming_response.create(
+            model="tts-1", voice="vivian", input="Hello there.", response_format="wav",
+            extra_body=EXTRA) as r:
+        wav = r.read()
+    assert r.headers["content-type"] == "audio/wav"
+    assert wav[:4] == b"RIFF" and wav[4:8] == b"\xff\xff\xff\xff"
+    audio, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 24000
+    assert len(audio) == SAMPLES
+    assert audio.tobytes() == data
+
+
+@pytest.mark.parametrize("fmt,ctype", [("mp3", "audio/mpeg"), ("opus", "audio/ogg"),
+                                        ("flac", "audio/flac"), (None, "audio/mpeg")])
+def test_compressed_formats_decode(server, fmt, ctype):
+    kw = {} if fmt is None else {"response_format": fmt}
+    r = client(server).audio.speech.create(model="tts-1", voice="vivian", input="Hello there.",
+                                            extra_body=EXTRA, **kw)
+    assert r.response.headers["content-type"] == ctype
+    body = r.content
+    if fmt == "flac":
+        # A streamed FLAC states no length (STREAMINFO total 0, "unknown"). libsndfile decodes
+        # it, but soundfile's read() then seeks to the position it expects, which libFLAC
+        # refuses without a length: call libsndfile's read directly, up to the end.
+        with soundfile.SoundFile(io.BytesIO(body)) as f:
+            rate = f.samplerate
+            buf = np.zeros(SAMPLES * 2, dtype=np.int16)
+            n = soundfile._snd.sf_readf_short(f._file, soundfile._ffi.cast("short*", buf.ctypes.data),
+                                              len(buf))
+            pcm16 = buf[:n]
+        ref, _ = pcm(server)
+        assert pcm16.tobytes() == ref, "FLAC is lossless"
+        audio = pcm16
+    else:
+        audio, rate = soundfile.read(io.BytesIO(body), dtype="float32")
+    if fmt == "opus":
+        # libsndfile decodes Ogg Opus at 48 kHz; the end granule trims it to the input.
+        assert rate in (24000, 48000)
+        assert abs(len(audio) - SAMPLES * rate // 24000) <= 2 * rate // 100
+    else:
+        assert rate == 24000
+    if fmt in ("mp3", None):
+        assert not body.startswith(b"ID3")
+        assert b"Xing" not in body[:2048] and b"Info" not in body[:2048]
+        # MPEG decoders add the codec delay and pad to whole frames.
+        assert SAMPLES <= len(audio) <= SAMPLES + 3 * 576 + 1152
+
+
+def test_sse_deltas_carry_the_raw_bytes(server):
+    data, _ = pcm(server)
+    events = []
+    with client(server).audio.speech.with_streaming_response.create(
+            model="tts-1", voice="vivian", input="Hello there.", response_format="pcm",
+            stream_format="sse", extra_body=EXTRA) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    kinds = [e["type"] for e in events]
+    assert kinds[-1] == "speech.audio.done" and kinds.count("speech.audio.done") == 1
+    assert set(kinds[:-1]) == {"speech.audio.delta"}
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert audio == data
+    usage = events[-1]["usage"]
+    assert usage["output_tokens"] == FRAMES
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert usage["input_tokens"] > 0
+
+
+def test_buffered_files_have_exact_sizes(server):
+    ref, _ = pcm(server)
+    body = {"model": "tts-1", "voice": "vivian", "input": "Hello there.", "stream": False, **EXTRA}
+    r = httpx.post(server.base + "/v1/audio/speech", json={**body, "response_format": "wav"})
+    assert r.status_code == 200
+    assert int(r.headers["content-length"]) == 44 + SAMPLES * 2
+    assert int.from_bytes(r.content[40:44], "little") == SAMPLES * 2
+    assert int.from_bytes(r.content[4:8], "little") == 36 + SAMPLES * 2
+    assert r.content[44:] == ref
+    r = httpx.post(server.base + "/v1/audio/speech", json={**body, "response_format": "flac"})
+    audio, rate = soundfile.read(io.BytesIO(r.content), dtype="int16")
+    assert rate == 24000 and audio.tobytes() == ref
+
+
+@pytest.mark.parametrize("kw,code,param", [
+    ({"voice": "nobody"}, "voice_not_found", "voice"),
+    ({"input": "   "}, "empty_input", "input"),
+    ({"input": "a" * 5000}, "input_too_long", "input"),
+    ({"speed": 5.0}, "invalid_speed", "speed"),
+    ({"response_format": "aac"}, "unsupported_response_format", "response_format"),
+    ({"extra_body": {"language": "klingon", **EXTRA}}, "unsupported_language", "language"),
+    ({"extra_body": {"seed": -1}}, "invalid_type", "seed"),
+])
+def test_bad_requests_get_the_openai_envelope(server, kw, code, param):
+    body = dict(model="tts-1", voice="vivian", input="Hello.", response_format="pcm",
+                extra_body=EXTRA)
+    body.update(kw)
+    with pytest.raises(openai.BadRequestError) as e:
+        client(server).audio.speech.create(**body)
+    err = e.value.body
+    assert err["code"] == code and err["param"] == param, err
+    assert err["type"] == "invalid_request_error" and err["message"]
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"\xff\xfe\x00garbage", b"[1,2]", b""])
+def test_malformed_bodies_are_400(server, raw):
+    r = httpx.post(server.base + "/v1/audio/speech", content=raw,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_huge_headers_are_refused_and_the_server_stays_up(server):
+    r = httpx.get(server.base + "/livez", headers={"x-big": "a" * 1_000_000})
+    assert r.status_code in (400, 431)
+    assert httpx.get(server.base + "/livez").status_code == 200
+
+
+def test_open_webui_body_shape(server):
+    r = httpx.post(server.base + "/v1/audio/speech",
+                   json={"input": "hi", "voice": "alloy", "model": "tts-1", **EXTRA})
+    assert r.status_code == 200 and r.headers["content-type"] == "audio/mpeg"
+
+
+def test_speed_is_accepted_with_a_warning(server):
+    r = httpx.post(server.base + "/v1/audio/speech", json={
+        "input": "hi", "voice": "vivian", "speed": 1.5, "response_format": "pcm", **EXTRA})
+    assert r.status_code == 200 and "speed ignored" in r.headers["x-qtts-warning"]
+    assert len(r.content) == SAMPLES * 2
+
+
+def test_health_routes_and_metrics(server):
+    assert httpx.get(server.base + "/livez").status_code == 200
+    assert httpx.get(server.base + "/readyz").status_code == 200
+    h = httpx.get(server.base + "/health").json()
+    assert h["status"] == "ok" and h["queue"] == 0
+    text = server.get("/metrics")
+    for name in ("qtts_requests_total", "qtts_requests_in_flight", "qtts_stage_seconds_bucket",
+                 "qtts_time_to_first_audio_seconds_bucket", "qtts_late_chunks_total",
+                 "qtts_model_info"):
+        assert name in text, name
+    assert text.rstrip().endswith("# EOF")
+
+
+def long_request(server, frames=2000):
+    """Starts a request that holds the engine for a while; returns (thread, result dict)."""
+    out = {}
+
+    def run():
+        try:
+            r = httpx.post(server.base + "/v1/audio/speech", timeout=60, json={
+                "input": "A long one. " * 20, "voice": "vivian", "response_format": "pcm",
+                "max_new_tokens": frames, "seed": 1})
+            out["status"] = r.status_code
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            out["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def wait_running(server, n=1, timeout=10):
+    t0 = time.monotonic()
+    while server.metric("qtts_requests_in_flight") < n:
+        assert time.monotonic() - t0 < timeout, "the request did not start"
+        time.sleep(0.01)
+
+
+def test_full_queue_is_503_with_retry_after_and_the_sdk_retries(make_server):
+    s = make_server("--queue", "1", "--max-frames", "4000")
+    t1, r1 = long_request(s)
+    wait_running(s, 1)
+    t2, r2 = long_request(s)
+    wait_running(s, 2)
+    r = httpx.post(s.base + "/v1/audio/speech", json={"input": "hi", "voice": "vivian", **EXTRA})
+    assert r.status_code == 503
+    assert 1 <= int(r.headers["retry-after"]) <= 30
+    assert r.json()["error"]["code"] == "server_overloaded"
+    before = s.metric("qtts_requests_rejected_total", reason="queue_full")
+    with pytest.raises(openai.InternalServerError):
+        client(s, max_retries=2).audio.speech.create(model="tts-1", voice="vivian", input="hi",
+                                                     extra_body=EXTRA)
+    assert s.metric("qtts_requests_rejected_total", reason="queue_full") == before + 3
+    for t in (t1, t2):
+        t.join(60)
+    assert r1.get("status") == 200 and r2.get("status") == 200
+
+
+def test_client_disconnect_cancels_within_300_ms(make_server):
+    s = make_server("--max-frames", "4000")
+    before = s.metric("qtts_requests_cancelled_total", reason="client_disconnect")
+    with client(s).audio.speech.with_streaming_response.create(
+            model="tts-1", voice="vivian", input="A long one. " * 20, response_format="pcm",
+            extra_body={"max_new_tokens": 4000, "seed": 1}) as r:
+        next(r.iter_bytes())
+    t0 = time.monotonic()
+    while s.metric("qtts_requests_cancelled_total", reason="client_disconnect") == before:
+        assert time.monotonic() - t0 < 0.3, "the request was not cancelled within 300 ms"
+        time.sleep(0.005)
+    s.wait_idle(1.0)
+    # The engine is free: the next request runs at once.
+    data, times = pcm(s)
+    assert len(data) == SAMPLES * 2 and times[0] < 1.0
+
+
+def test_queued_disconnect_never_runs(make_server):
+    s = make_server("--queue", "2", "--max-frames", "4000")
+    t1, _ = long_request(s)
+    wait_running(s, 1)
+    sock = socket.create_connection(("127.0.0.1", int(s.http.rsplit(":", 1)[1])))
+    body = json.dumps({"input": "queued", "voice": "vivian", "response_format": "pcm", **EXTRA})
+    sock.sendall((f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    wait_running(s, 2)
+    sock.close()
+    t0 = time.monotonic()
+    while s.metric("qtts_queue_abandoned_total") < 1:
+        assert time.monotonic() - t0 < 1.0, "the queued request was not dropped"
+        time.sleep(0.01)
+    httpx.get(s.base + "/livez")
+    s.stop()
+    t1.join(60)
+
+
+def test_api_key(make_server):
+    s = make_server("--api-key", "k")
+    with pytest.raises(openai.AuthenticationError):
+        client(s).audio.speech.create(model="tts-1", voice="vivian", input="hi", extra_body=EXTRA)
+    ok = openai.OpenAI(base_url=s.base + "/v1", api_key="k", max_retries=0)
+    assert ok.audio.speech.create(model="tts-1", voice="vivian", input="hi",
+                                  response_format="pcm", extra_body=EXTRA).content
+
+
+def test_async_client_two_concurrent_requests_in_fifo_order(server):
+    async def one(c, i):
+        t = []
+        async with c.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="vivian", input=f"Request {i}.", response_format="pcm",
+                extra_body={"max_new_tokens": 40, "seed": i}) as r:
+            n = 0
+            async for chunk in r.iter_bytes():
+                t.append(time.monotonic())
+                n += len(chunk)
+        return n, t[0], t[-1]
+
+    async def main():
+        c = openai.AsyncOpenAI(base_url=server.base + "/v1", api_key="sk-local", max_retries=0)
+        first = asyncio.create_task(one(c, 1))
+        await asyncio.sleep(0.005)
+        second = asyncio.create_task(one(c, 2))
+        return await first, await second
+
+    (n1, _, end1), (n2, start2, _) = asyncio.run(main())
+    assert n1 == n2 == 40 * 1920 * 2
+    assert start2 >= end1 - 0.05, "the second request's audio began before the first ended"
+
+
+def test_slow_reader_is_bounded_then_cancelled(make_server):
+    s = make_server("--max-frames", "4000", "--buffer-seconds", "1", "--write-stall-timeout", "1")
+    sock = socket.create_connection(("127.0.0.1", int(s.http.rsplit(":", 1)[1])))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    body = json.dumps({"input": "A long one. " * 20, "voice": "vivian", "response_format": "pcm",
+                       "max_new_tokens": 4000, "seed": 1})
+    sock.sendall((f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    sock.recv(100)  # then read nothing
+    t0 = time.monotonic()
+    while s.metric("qtts_requests_cancelled_total", reason="slow_client") < 1:
+        assert time.monotonic() - t0 < 20, "a reader that stopped was never dropped"
+        time.sleep(0.1)
+    # Memory stayed bounded: far less than the 4000 frames (5 min of audio) it asked for.
+    assert s.metric("qtts_frames_total") < 4000
+    sock.close()
+    s.wait_idle(2.0)
