@@ -34,6 +34,9 @@ pub struct Request {
     pub seed: u64,
     /// Frame cap per utterance; `None`: the runaway guard scaled to its text.
     pub max_frames: Option<usize>,
+    /// An upper bound on every utterance's frames that keeps the runaway guard below it (a
+    /// server's cap); `max_frames`, when given, is bounded by it too.
+    pub frame_limit: Option<usize>,
     /// Frames per utterance before end-of-speech may be sampled (at least
     /// [`crate::talker::MIN_FRAMES`]); with `max_frames`, forces a frame count (benches).
     pub min_frames: usize,
@@ -53,6 +56,7 @@ impl Request {
             repetition_penalty: None,
             seed: 0,
             max_frames: None,
+            frame_limit: None,
             min_frames: crate::talker::MIN_FRAMES,
             keep_codes: false,
         }
@@ -292,7 +296,14 @@ pub(crate) fn plan_request(
                     sampling,
                     repetition_penalty: penalty,
                     seed: req.seed.wrapping_add(i as u64),
-                    max_frames: req.max_frames,
+                    max_frames: match req.frame_limit {
+                        None => req.max_frames,
+                        Some(limit) => Some(
+                            req.max_frames
+                                .unwrap_or_else(|| talker.frame_cap(prompt.text_tokens))
+                                .min(limit),
+                        ),
+                    },
                     min_frames: req.min_frames,
                 },
                 code_predictor_sampling,

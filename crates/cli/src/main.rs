@@ -350,6 +350,7 @@ fn requests(
         repetition_penalty: None,
         seed: args.seed,
         max_frames: args.max_frames,
+        frame_limit: None,
         min_frames: qtts::talker::MIN_FRAMES,
         keep_codes: args.codes_out.is_some(),
     };

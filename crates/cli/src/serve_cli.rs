@@ -94,7 +94,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         http.is_some() || wyoming.is_some(),
         "--http none and --wyoming none: nothing to serve"
     );
-    anyhow::ensure!(a.queue >= 1, "--queue 0: at least 1 request must be able to wait");
+    anyhow::ensure!(
+        a.queue >= 1,
+        "--queue 0: at least 1 request must be able to wait"
+    );
     let limits = qtts_serve::Limits {
         max_input_chars: a.max_input_chars,
         max_frames: a.max_frames,

@@ -332,7 +332,10 @@ impl OggOpus {
         let mut packet = [0u8; 4000];
         for i in 0..whole {
             let frame = &self.pending[i * OPUS_FRAME..(i + 1) * OPUS_FRAME];
-            let n = self.enc.encode(frame, &mut packet).map_err(|e| err("opus", e))?;
+            let n = self
+                .enc
+                .encode(frame, &mut packet)
+                .map_err(|e| err("opus", e))?;
             self.packets += 1;
             let end = i + 1 == whole;
             let (info, granule) = if last && end {
@@ -365,14 +368,16 @@ impl OggOpus {
 /// A FLAC component's bytes.
 fn flac_bytes(c: &impl BitRepr) -> Result<Vec<u8>, EncodeError> {
     let mut sink = MemSink::<u8>::with_capacity(c.count_bits());
-    c.write(&mut sink).map_err(|e| err("flac", format!("{e:?}")))?;
+    c.write(&mut sink)
+        .map_err(|e| err("flac", format!("{e:?}")))?;
     Ok(sink.into_inner())
 }
 
 fn flac_config() -> Result<flacenc::error::Verified<flacenc::config::Encoder>, EncodeError> {
     let mut c = flacenc::config::Encoder::default();
     c.block_size = FLAC_BLOCK;
-    c.into_verified().map_err(|(_, e)| err("flac", format!("{e:?}")))
+    c.into_verified()
+        .map_err(|(_, e)| err("flac", format!("{e:?}")))
 }
 
 /// A FLAC stream of unknown length: STREAMINFO with totals 0, then one frame per block.
@@ -414,13 +419,9 @@ impl FlacStream {
             self.buf
                 .fill_interleaved(&self.pending[at..at + n])
                 .map_err(|e| err("flac", e))?;
-            let frame = flacenc::encode_fixed_size_frame(
-                &self.config,
-                &self.buf,
-                self.frames,
-                &self.info,
-            )
-            .map_err(|e| err("flac", e))?;
+            let frame =
+                flacenc::encode_fixed_size_frame(&self.config, &self.buf, self.frames, &self.info)
+                    .map_err(|e| err("flac", e))?;
             out.extend_from_slice(&flac_bytes(&frame)?);
             self.frames += 1;
             at += n;
@@ -528,7 +529,10 @@ mod tests {
         let a = tone(1920 * 3 + 100);
         let mut e = Encoder::new(Format::Opus, true).unwrap();
         let mut bytes = e.push(&a[..1920]).unwrap();
-        assert!(bytes.starts_with(b"OggS"), "headers and the first page at once");
+        assert!(
+            bytes.starts_with(b"OggS"),
+            "headers and the first page at once"
+        );
         bytes.extend(e.push(&a[1920..]).unwrap());
         bytes.extend(e.finish().unwrap());
         let mut r = ogg::PacketReader::new(std::io::Cursor::new(bytes));
@@ -572,7 +576,10 @@ mod tests {
         assert_eq!((packed >> 36) & 31, 15);
         assert_eq!(packed & ((1 << 36) - 1), 0, "total samples unknown");
         // Two frames, each starting with the fixed-block-size sync code.
-        let frames = bytes[42..].windows(2).filter(|w| w == &[0xff, 0xf8]).count();
+        let frames = bytes[42..]
+            .windows(2)
+            .filter(|w| w == &[0xff, 0xf8])
+            .count();
         assert!(frames >= 2);
         let mut buffered = Encoder::new(Format::Flac, false).unwrap();
         buffered.push(&a).unwrap();

@@ -13,14 +13,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use base64::Engine as _;
-use qtts::engine::{EngineError, Request, Summary};
-use qtts::sampling::SamplingParams;
-use qtts::talker::TextMode;
-use serde::Deserialize;
+use qtts::engine::{EngineError, Summary};
 use serde_json::{json, Value};
 
 use crate::encode::{Encoder, Format};
 use crate::service::{Admitted, Event, Refused, Service};
+use crate::speech::{self, Delivery};
 
 /// Request bodies on `/v1/audio/*`: 16 MiB (room for a `speaker_embedding`).
 pub const BODY_LIMIT: usize = 16 << 20;
@@ -61,7 +59,7 @@ pub fn router(svc: Arc<Service>, opts: HttpOptions) -> Router {
 /// An error in OpenAI's envelope.
 #[derive(Debug)]
 pub struct ApiError {
-    status: StatusCode,
+    pub(crate) status: StatusCode,
     message: String,
     kind: &'static str,
     param: Option<&'static str>,
@@ -70,7 +68,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn bad(code: &'static str, param: Option<&'static str>, message: impl Into<String>) -> Self {
+    pub(crate) fn bad(
+        code: &'static str,
+        param: Option<&'static str>,
+        message: impl Into<String>,
+    ) -> Self {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
@@ -81,7 +83,11 @@ impl ApiError {
         }
     }
 
-    fn server(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn server(
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         ApiError {
             status,
             message: message.into(),
@@ -107,7 +113,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
         if let Some(s) = self.retry_after {
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
             r.headers_mut()
                 .insert("x-should-retry", HeaderValue::from_static("true"));
         }
@@ -151,284 +158,12 @@ fn engine_error(e: &EngineError) -> ApiError {
     match e {
         EngineError::EmptyText => ApiError::bad("empty_input", Some("input"), e.to_string()),
         EngineError::Talker(_) => ApiError::bad("invalid_request", None, e.to_string()),
-        _ => ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "engine_error", e.to_string()),
+        _ => ApiError::server(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "engine_error",
+            e.to_string(),
+        ),
     }
-}
-
-/// `voice`: a name or `{"id": name}`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum VoiceField {
-    Name(String),
-    Object { id: String },
-}
-
-/// The body of `POST /v1/audio/speech`: OpenAI's fields and the Qwen3-TTS extensions (vLLM-Omni's
-/// names). Unknown fields are ignored; `null` is the same as absent.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct SpeechBody {
-    model: Option<String>,
-    input: Option<String>,
-    voice: Option<VoiceField>,
-    speaker: Option<String>,
-    instructions: Option<String>,
-    response_format: Option<String>,
-    speed: Option<f64>,
-    stream_format: Option<String>,
-    stream: Option<bool>,
-    language: Option<String>,
-    task_type: Option<String>,
-    max_new_tokens: Option<u64>,
-    seed: Option<u64>,
-    temperature: Option<f32>,
-    top_k: Option<usize>,
-    top_p: Option<f32>,
-    repetition_penalty: Option<f32>,
-    speaker_embedding: Option<Vec<f32>>,
-    ref_audio: Option<Value>,
-    ref_text: Option<String>,
-    non_streaming_mode: Option<bool>,
-    sample_rate: Option<u32>,
-}
-
-/// What the response looks like.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Delivery {
-    /// Raw bytes as they are made.
-    Stream,
-    /// `speech.audio.delta` / `speech.audio.done` events.
-    Sse,
-    /// One file with `Content-Length` (`"stream": false`).
-    Buffered,
-}
-
-struct Parsed {
-    req: Request,
-    format: Format,
-    delivery: Delivery,
-    speed_ignored: bool,
-    instructions_ignored: bool,
-}
-
-/// The name of the JSON field a serde error is about, for `param`.
-fn field_of(path: &str) -> Option<&'static str> {
-    const FIELDS: [&str; 22] = [
-        "model", "input", "voice", "speaker", "instructions", "response_format", "speed",
-        "stream_format", "stream", "language", "task_type", "max_new_tokens", "seed",
-        "temperature", "top_k", "top_p", "repetition_penalty", "speaker_embedding", "ref_audio",
-        "ref_text", "non_streaming_mode", "sample_rate",
-    ];
-    let head = path.split(['.', '[']).next().unwrap_or("");
-    FIELDS.iter().find(|f| **f == head).copied()
-}
-
-fn parse(app: &App, body: &[u8]) -> Result<Parsed, ApiError> {
-    let svc = &app.svc;
-    let info = svc.info();
-    let de = &mut serde_json::Deserializer::from_slice(body);
-    let b: SpeechBody = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let param = field_of(&path);
-        let code = if param.is_some() { "invalid_type" } else { "invalid_json" };
-        ApiError::bad(code, param, format!("the body is not the JSON expected: {e}"))
-    })?;
-    if app.opts.strict_model {
-        if let Some(m) = &b.model {
-            if m != &svc.model_id {
-                let mut e = ApiError::bad(
-                    "model_not_found",
-                    Some("model"),
-                    format!("model '{m}' is not served here; this server serves '{}'", svc.model_id),
-                );
-                e.status = StatusCode::NOT_FOUND;
-                return Err(e);
-            }
-        }
-    }
-    let input = b.input.as_deref().map(str::trim).unwrap_or("");
-    if b.input.is_none() {
-        return Err(ApiError::bad("missing_input", Some("input"), "'input' is required: the text to speak"));
-    }
-    if input.is_empty() {
-        return Err(ApiError::bad("empty_input", Some("input"), "'input' is empty: give the text to speak"));
-    }
-    let chars = input.chars().count();
-    if chars > svc.limits.max_input_chars {
-        return Err(ApiError::bad(
-            "input_too_long",
-            Some("input"),
-            format!(
-                "'input' has {chars} characters; at most {} are taken per request: split the text",
-                svc.limits.max_input_chars
-            ),
-        ));
-    }
-    let format = match b.response_format.as_deref() {
-        None => Format::Mp3,
-        Some(f) => Format::parse(f).ok_or_else(|| {
-            ApiError::bad(
-                "unsupported_response_format",
-                Some("response_format"),
-                format!("response_format '{f}' is not supported; use one of pcm, wav, mp3, opus, flac"),
-            )
-        })?,
-    };
-    let delivery = match (b.stream_format.as_deref(), b.stream) {
-        (Some("sse"), _) => Delivery::Sse,
-        (Some("audio") | None, Some(false)) => Delivery::Buffered,
-        (Some("audio") | None, _) => Delivery::Stream,
-        (Some(other), _) => {
-            return Err(ApiError::bad(
-                "invalid_stream_format",
-                Some("stream_format"),
-                format!("stream_format '{other}' is neither 'audio' nor 'sse'"),
-            ))
-        }
-    };
-    let speed = b.speed.unwrap_or(1.0);
-    if !(0.25..=4.0).contains(&speed) {
-        return Err(ApiError::bad(
-            "invalid_speed",
-            Some("speed"),
-            format!("speed {speed} is outside 0.25 to 4.0"),
-        ));
-    }
-    if let Some(r) = b.sample_rate {
-        if r != crate::encode::RATE {
-            return Err(ApiError::bad(
-                "unsupported_sample_rate",
-                Some("sample_rate"),
-                format!("sample_rate {r}: this server makes 24000 Hz only"),
-            ));
-        }
-    }
-    if b.ref_audio.is_some() || b.ref_text.is_some() {
-        return Err(ApiError::bad(
-            "not_supported",
-            Some("ref_audio"),
-            "voice cloning from reference audio is not available yet; give a saved voice or 'speaker_embedding'",
-        ));
-    }
-    if let Some(t) = &b.task_type {
-        let want = match t.as_str() {
-            "CustomVoice" => "custom_voice",
-            "VoiceDesign" => "voice_design",
-            "Base" => "base",
-            other => other,
-        };
-        if want != info.model_type {
-            return Err(ApiError::bad(
-                "task_type_mismatch",
-                Some("task_type"),
-                format!("task_type '{t}' does not match the served model, a {} model", info.model_type),
-            ));
-        }
-    }
-    let name = match &b.voice {
-        Some(VoiceField::Name(n)) => Some(n.as_str()),
-        Some(VoiceField::Object { id }) => Some(id.as_str()),
-        None => b.speaker.as_deref(),
-    };
-    let mut voice = svc.voice(name).map_err(|names| {
-        ApiError::bad(
-            "voice_not_found",
-            Some("voice"),
-            format!("voice '{}' is unknown; available: {names}", name.unwrap_or("")),
-        )
-    })?;
-    if let Some(l) = &b.language {
-        voice.language = Some(svc.language(l).ok_or_else(|| {
-            ApiError::bad(
-                "unsupported_language",
-                Some("language"),
-                format!("language '{l}' is unknown; the model has: {}", info.languages.join(", ")),
-            )
-        })?);
-    }
-    let mut instructions_ignored = false;
-    if let Some(i) = b.instructions.as_deref().map(str::trim).filter(|i| !i.is_empty()) {
-        if i.chars().count() > svc.limits.max_input_chars {
-            return Err(ApiError::bad(
-                "instructions_too_long",
-                Some("instructions"),
-                format!("'instructions' is longer than {} characters", svc.limits.max_input_chars),
-            ));
-        }
-        // Home Assistant always sends a string; models without instruction support skip it.
-        if info.model_type == "voice_design" || info.size == "1b7" {
-            voice.instruct = Some(i.to_owned());
-        } else {
-            instructions_ignored = true;
-        }
-    }
-    if let Some(x) = b.speaker_embedding {
-        if x.len() != info.hidden || x.iter().any(|v| !v.is_finite()) {
-            return Err(ApiError::bad(
-                "invalid_speaker_embedding",
-                Some("speaker_embedding"),
-                format!(
-                    "speaker_embedding has {} values; the model takes {} finite values",
-                    x.len(),
-                    info.hidden
-                ),
-            ));
-        }
-        voice.xvector = Some(x);
-    }
-    let mut req = Request::text(input);
-    req.voice = voice;
-    if b.non_streaming_mode == Some(true) {
-        req.mode = TextMode::NonStreaming;
-    }
-    if let Some(s) = b.seed {
-        req.seed = s;
-    }
-    // Without max_new_tokens the engine's runaway guard, scaled to the text, caps each utterance.
-    req.max_frames = match b.max_new_tokens {
-        Some(0) => {
-            return Err(ApiError::bad(
-                "invalid_max_new_tokens",
-                Some("max_new_tokens"),
-                "max_new_tokens must be at least 1",
-            ))
-        }
-        Some(n) => Some((n as usize).min(svc.limits.max_frames)),
-        None => None,
-    };
-    if b.temperature.is_some() || b.top_k.is_some() || b.top_p.is_some() {
-        let t = b.temperature.unwrap_or(0.9);
-        if !(t.is_finite() && t >= 0.0) {
-            return Err(ApiError::bad("invalid_temperature", Some("temperature"), "temperature must be 0 (greedy) or above"));
-        }
-        let p = b.top_p.unwrap_or(1.0);
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(ApiError::bad("invalid_top_p", Some("top_p"), "top_p must be in (0, 1]"));
-        }
-        req.sampling = Some(if t == 0.0 {
-            SamplingParams::GREEDY
-        } else {
-            SamplingParams {
-                do_sample: true,
-                temperature: t,
-                top_k: b.top_k.unwrap_or(50),
-                top_p: p,
-            }
-        });
-    }
-    if let Some(r) = b.repetition_penalty {
-        if !(r.is_finite() && r > 0.0) {
-            return Err(ApiError::bad("invalid_repetition_penalty", Some("repetition_penalty"), "repetition_penalty must be above 0"));
-        }
-        req.repetition_penalty = Some(r);
-    }
-    Ok(Parsed {
-        req,
-        format,
-        delivery,
-        speed_ignored: speed != 1.0,
-        instructions_ignored,
-    })
 }
 
 fn check_key(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -501,7 +236,7 @@ async fn speech_inner(
             ApiError::bad("invalid_body", None, r.body_text())
         }
     })?;
-    let p = parse(app, &body)?;
+    let p = speech::parse(&app.svc, &app.opts, &body)?;
     let mut admitted = app.svc.admit(p.req, "http").map_err(|r| refused(app, r))?;
     // The status is decided by the first event: audio (200), an error before any audio, or a
     // request that waited too long in the queue.
@@ -529,7 +264,11 @@ async fn speech_inner(
         Some(e) => e,
     };
     let mut enc = Encoder::new(p.format, p.delivery != Delivery::Buffered).map_err(|e| {
-        ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "encoder_error", e.to_string())
+        ApiError::server(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "encoder_error",
+            e.to_string(),
+        )
     })?;
     let mut resp = match p.delivery {
         Delivery::Buffered => buffered(admitted, first, &mut enc).await?,
@@ -552,9 +291,15 @@ async fn speech_inner(
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     if p.speed_ignored {
-        h.insert("x-qtts-warning", HeaderValue::from_static("speed ignored: the model has no rate control"));
+        h.insert(
+            "x-qtts-warning",
+            HeaderValue::from_static("speed ignored: the model has no rate control"),
+        );
     } else if p.instructions_ignored {
-        h.insert("x-qtts-warning", HeaderValue::from_static("instructions ignored: this model takes none"));
+        h.insert(
+            "x-qtts-warning",
+            HeaderValue::from_static("instructions ignored: this model takes none"),
+        );
     }
     Ok((resp, p.format))
 }
@@ -562,7 +307,11 @@ async fn speech_inner(
 /// The whole file, for `"stream": false`.
 async fn buffered(mut a: Admitted, first: Event, enc: &mut Encoder) -> Result<Response, ApiError> {
     let enc_err = |e: crate::encode::EncodeError| {
-        ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "encoder_error", e.to_string())
+        ApiError::server(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "encoder_error",
+            e.to_string(),
+        )
     };
     let mut out = Vec::new();
     let mut ev = Some(first);
@@ -632,7 +381,10 @@ fn chunks(
     let wrap = move |bytes: Vec<u8>| -> Bytes {
         if sse_events {
             let audio = base64::engine::general_purpose::STANDARD.encode(&bytes);
-            sse("speech.audio.delta", &json!({"type": "speech.audio.delta", "audio": audio}))
+            sse(
+                "speech.audio.delta",
+                &json!({"type": "speech.audio.delta", "audio": audio}),
+            )
         } else {
             Bytes::from(bytes)
         }
@@ -668,7 +420,11 @@ fn chunks(
                         Ok(t) => t,
                         Err(e) => return Some((Err(fail(e.to_string())), st)),
                     };
-                    let mut out = if tail.is_empty() { Bytes::new() } else { wrap(tail) };
+                    let mut out = if tail.is_empty() {
+                        Bytes::new()
+                    } else {
+                        wrap(tail)
+                    };
                     if sse_events {
                         let done = sse(
                             "speech.audio.done",
@@ -723,9 +479,11 @@ async fn voices(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         .profiles()
         .map(|p| json!({"id": p, "name": title(p), "languages": langs, "kind": "profile"}))
         .collect();
-    v.extend(info.speakers.iter().map(
-        |s| json!({"id": s, "name": title(s), "languages": langs, "kind": "speaker"}),
-    ));
+    v.extend(
+        info.speakers
+            .iter()
+            .map(|s| json!({"id": s, "name": title(s), "languages": langs, "kind": "speaker"})),
+    );
     if info.speakers.is_empty() {
         v.push(json!({"id": "default", "name": "Default", "languages": langs, "kind": "default"}));
     }
@@ -765,7 +523,11 @@ async fn livez(State(app): State<Arc<App>>) -> Response {
     if app.svc.is_live() {
         (StatusCode::OK, "ok\n").into_response()
     } else {
-        (StatusCode::INTERNAL_SERVER_ERROR, "an engine stage died; restart the server\n").into_response()
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "an engine stage died; restart the server\n",
+        )
+            .into_response()
     }
 }
 
@@ -823,20 +585,6 @@ mod tests {
             json!({"error": {"message": "voice 'x' is unknown", "type": "invalid_request_error",
                    "param": "voice", "code": "voice_not_found"}})
         );
-    }
-
-    #[test]
-    fn body_fields_parse_both_voice_forms_nulls_and_unknowns() {
-        let b: SpeechBody = serde_json::from_str(
-            r#"{"model":"tts-1","input":"hi","voice":{"id":"vivian"},"speed":null,"extra":[1,2]}"#,
-        )
-        .unwrap();
-        assert!(matches!(b.voice, Some(VoiceField::Object { ref id }) if id == "vivian"));
-        assert_eq!(b.speed, None);
-        let b: SpeechBody = serde_json::from_str(r#"{"input":"hi","voice":"ash"}"#).unwrap();
-        assert!(matches!(b.voice, Some(VoiceField::Name(ref n)) if n == "ash"));
-        assert_eq!(field_of("speed"), Some("speed"));
-        assert_eq!(field_of("speaker_embedding[3]"), Some("speaker_embedding"));
     }
 
     #[test]

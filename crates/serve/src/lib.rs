@@ -20,6 +20,7 @@ pub mod encode;
 pub mod http;
 pub mod metrics;
 pub mod service;
+mod speech;
 pub mod voices;
 pub mod wyoming;
 
@@ -82,17 +83,18 @@ impl std::fmt::Display for Bound {
     /// `listening http=127.0.0.1:8880 wyoming=127.0.0.1:10200` (`-` for a front end not run).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let a = |x: Option<SocketAddr>| x.map_or("-".to_string(), |a| a.to_string());
-        write!(f, "listening http={} wyoming={}", a(self.http), a(self.wyoming))
+        write!(
+            f,
+            "listening http={} wyoming={}",
+            a(self.http),
+            a(self.wyoming)
+        )
     }
 }
 
 /// Serves `svc` until SIGTERM or Ctrl-C, then drains; `listening` is called once both listeners
 /// are bound and the engine is warm.
-pub fn run(
-    svc: Service,
-    opts: Options,
-    listening: impl FnOnce(Bound),
-) -> Result<(), ServeError> {
+pub fn run(svc: Service, opts: Options, listening: impl FnOnce(Bound)) -> Result<(), ServeError> {
     if opts.http.is_none() && opts.wyoming.is_none() {
         return Err(ServeError::NoFrontEnd);
     }

@@ -113,7 +113,9 @@ impl ServerMetrics {
             queue_abandoned: Counter::default(),
             stop_reason: Family::default(),
             errors: Family::default(),
-            ttfa: Histogram::new([0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]),
+            ttfa: Histogram::new([
+                0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
+            ]),
             queue_wait: Histogram::new([
                 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
             ]),
@@ -128,31 +130,67 @@ impl ServerMetrics {
         };
         let r = &mut registry;
         r.register("requests", "Requests answered", m.requests.clone());
-        r.register("requests_running", "Requests running in the engine (0 or 1)", m.running.clone());
-        r.register("requests_waiting", "Requests waiting in the queue", m.waiting.clone());
+        r.register(
+            "requests_running",
+            "Requests running in the engine (0 or 1)",
+            m.running.clone(),
+        );
+        r.register(
+            "requests_waiting",
+            "Requests waiting in the queue",
+            m.waiting.clone(),
+        );
         r.register(
             "requests_in_flight",
             "Requests running or waiting (scale on this)",
             m.in_flight.clone(),
         );
-        r.register("requests_rejected", "Requests refused before they ran", m.rejected.clone());
-        r.register("requests_cancelled", "Requests stopped before their end", m.cancelled.clone());
+        r.register(
+            "requests_rejected",
+            "Requests refused before they ran",
+            m.rejected.clone(),
+        );
+        r.register(
+            "requests_cancelled",
+            "Requests stopped before their end",
+            m.cancelled.clone(),
+        );
         r.register(
             "queue_abandoned",
             "Requests cancelled while queued (never ran)",
             m.queue_abandoned.clone(),
         );
-        r.register("stop_reason", "How requests ended in the engine", m.stop_reason.clone());
+        r.register(
+            "stop_reason",
+            "How requests ended in the engine",
+            m.stop_reason.clone(),
+        );
         r.register("errors", "Errors by kind", m.errors.clone());
         r.register(
             "time_to_first_audio_seconds",
             "Admission to the first audio handed to the front end",
             m.ttfa.clone(),
         );
-        r.register("queue_wait_seconds", "Admission to the start in the engine", m.queue_wait.clone());
-        r.register("request_duration_seconds", "Admission to the end", m.duration.clone());
-        r.register("rtf", "Generation time over audio time per request", m.rtf.clone());
-        r.register("audio_seconds", "Seconds of audio made", m.audio_seconds.clone());
+        r.register(
+            "queue_wait_seconds",
+            "Admission to the start in the engine",
+            m.queue_wait.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Admission to the end",
+            m.duration.clone(),
+        );
+        r.register(
+            "rtf",
+            "Generation time over audio time per request",
+            m.rtf.clone(),
+        );
+        r.register(
+            "audio_seconds",
+            "Seconds of audio made",
+            m.audio_seconds.clone(),
+        );
         r.register("frames", "Codec frames made (80 ms each)", m.frames.clone());
         r.register(
             "non_finite_samples",

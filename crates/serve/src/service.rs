@@ -59,7 +59,7 @@ pub enum Event {
     /// The next audio (24 kHz mono f32).
     Audio(Vec<f32>),
     /// The end, with the engine's summary or error.
-    End(Result<Summary, EngineError>),
+    End(Result<Box<Summary>, EngineError>),
     /// The request waited longer than [`Limits::queue_timeout`] and was dropped before it ran.
     QueueTimeout,
 }
@@ -194,15 +194,27 @@ impl Service {
 
     /// Queues `req` and starts its pump; the job's audio comes through the returned
     /// [`Admitted`]. `frontend` labels the metrics (`http`, `wyoming`).
-    pub fn admit(self: &Arc<Self>, req: Request, frontend: &'static str) -> Result<Admitted, Refused> {
+    pub fn admit(
+        self: &Arc<Self>,
+        req: Request,
+        frontend: &'static str,
+    ) -> Result<Admitted, Refused> {
         if self.is_draining() {
-            self.metrics.rejected.get_or_create(&Reason { reason: "draining" }).inc();
+            self.metrics
+                .rejected
+                .get_or_create(&Reason { reason: "draining" })
+                .inc();
             return Err(Refused::Draining);
         }
         let job = match self.worker.submit(req) {
             Ok(j) => j,
             Err(EngineError::Busy { .. }) => {
-                self.metrics.rejected.get_or_create(&Reason { reason: "queue_full" }).inc();
+                self.metrics
+                    .rejected
+                    .get_or_create(&Reason {
+                        reason: "queue_full",
+                    })
+                    .inc();
                 return Err(Refused::Busy {
                     retry_after: self.retry_after(),
                 });
@@ -214,7 +226,9 @@ impl Service {
         };
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let chunk = 1920 * self.worker.config().decoder_chunk.max(1);
-        let capacity = ((self.limits.buffer_seconds * 24_000.0) / chunk as f64).ceil().max(2.0) as usize;
+        let capacity = ((self.limits.buffer_seconds * 24_000.0) / chunk as f64)
+            .ceil()
+            .max(2.0) as usize;
         let (tx, rx) = mpsc::channel(capacity);
         let canceller = job.canceller();
         let svc = self.clone();
@@ -295,7 +309,13 @@ impl Drop for Admitted {
 const POLL: Duration = Duration::from_millis(20);
 
 /// Moves `job`'s audio into `tx` (see the module docs); runs on its own thread.
-fn pump(svc: &Service, mut job: Job, tx: &mpsc::Sender<Event>, frontend: &'static str, admitted: Instant) {
+fn pump(
+    svc: &Service,
+    mut job: Job,
+    tx: &mpsc::Sender<Event>,
+    frontend: &'static str,
+    admitted: Instant,
+) {
     let m = &svc.metrics;
     let limits = &svc.limits;
     let mut started: Option<Instant> = None;
@@ -349,7 +369,11 @@ fn pump(svc: &Service, mut job: Job, tx: &mpsc::Sender<Event>, frontend: &'stati
                     cancel(&job, "audio_limit", &mut reason);
                 }
                 if reason.is_none() && !deliver(tx, Event::Audio(chunk), limits.write_stall) {
-                    let why = if tx.is_closed() { "client_disconnect" } else { "slow_client" };
+                    let why = if tx.is_closed() {
+                        "client_disconnect"
+                    } else {
+                        "slow_client"
+                    };
                     cancel(&job, why, &mut reason);
                 }
             }
@@ -374,11 +398,13 @@ fn pump(svc: &Service, mut job: Job, tx: &mpsc::Sender<Event>, frontend: &'stati
         Err(e) => svc.note_error(e),
     }
     if let Some(reason) = reason {
-        m.cancelled.get_or_create(&CancelLabels { reason, frontend }).inc();
+        m.cancelled
+            .get_or_create(&CancelLabels { reason, frontend })
+            .inc();
     }
     m.duration.observe(admitted.elapsed().as_secs_f64());
     if !tx.is_closed() {
-        let _ = deliver(tx, Event::End(result), limits.write_stall);
+        let _ = deliver(tx, Event::End(result.map(Box::new)), limits.write_stall);
     }
 }
 

@@ -103,7 +103,10 @@ impl Voices {
             }
             let language = match &p.language {
                 Some(l) => Some(language(l, info).ok_or_else(|| {
-                    bad(format!("language '{l}' is not one of the model's ({})", info.languages.join(", ")))
+                    bad(format!(
+                        "language '{l}' is not one of the model's ({})",
+                        info.languages.join(", ")
+                    ))
                 })?),
                 None => None,
             };
@@ -223,7 +226,10 @@ mod tests {
             model_type: "custom_voice",
             size: "0b6".into(),
             speakers: speakers.iter().map(|s| s.to_string()).collect(),
-            languages: ["auto", "chinese", "english"].iter().map(|s| s.to_string()).collect(),
+            languages: ["auto", "chinese", "english"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             hidden: 4,
         }
     }
@@ -232,11 +238,23 @@ mod tests {
     fn names_resolve_in_order() {
         let i = info(&["serena", "vivian"]);
         let v = Voices::default();
-        assert_eq!(v.resolve(None, &i).unwrap().speaker.as_deref(), Some("vivian"));
-        assert_eq!(v.resolve(Some("SERENA"), &i).unwrap().speaker.as_deref(), Some("serena"));
+        assert_eq!(
+            v.resolve(None, &i).unwrap().speaker.as_deref(),
+            Some("vivian")
+        );
+        assert_eq!(
+            v.resolve(Some("SERENA"), &i).unwrap().speaker.as_deref(),
+            Some("serena")
+        );
         // OpenAI names take the speakers in turn.
-        assert_eq!(v.resolve(Some("alloy"), &i).unwrap().speaker.as_deref(), Some("serena"));
-        assert_eq!(v.resolve(Some("ash"), &i).unwrap().speaker.as_deref(), Some("vivian"));
+        assert_eq!(
+            v.resolve(Some("alloy"), &i).unwrap().speaker.as_deref(),
+            Some("serena")
+        );
+        assert_eq!(
+            v.resolve(Some("ash"), &i).unwrap().speaker.as_deref(),
+            Some("vivian")
+        );
         let e = v.resolve(Some("nobody"), &i).unwrap_err();
         assert!(e.contains("serena") && e.contains("alloy"), "{e}");
         let none = info(&[]);
@@ -258,7 +276,11 @@ mod tests {
     fn profiles_are_checked_against_the_model() {
         let i = info(&["vivian"]);
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("Narrator.json"), r#"{"speaker":"vivian","language":"en"}"#).unwrap();
+        std::fs::write(
+            dir.path().join("Narrator.json"),
+            r#"{"speaker":"vivian","language":"en"}"#,
+        )
+        .unwrap();
         let v = Voices::load(dir.path(), &i).unwrap();
         let n = v.resolve(Some("narrator"), &i).unwrap();
         assert_eq!(n.language.as_deref(), Some("english"));

@@ -125,15 +125,23 @@ pub async fn read_event<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Option<Eve
     let (data_len, payload_len) = (len("data_length")?, len("payload_length")?);
     if data_len > 0 {
         let mut block = vec![0; data_len];
-        r.read_exact(&mut block).await.map_err(|_| FrameError::Truncated)?;
+        r.read_exact(&mut block)
+            .await
+            .map_err(|_| FrameError::Truncated)?;
         match serde_json::from_slice(&block) {
             Ok(Value::Object(m)) => data.extend(m),
-            _ => return Err(FrameError::Bad("the data block is not a JSON object".into())),
+            _ => {
+                return Err(FrameError::Bad(
+                    "the data block is not a JSON object".into(),
+                ))
+            }
         }
     }
     let mut payload = vec![0; payload_len];
     if payload_len > 0 {
-        r.read_exact(&mut payload).await.map_err(|_| FrameError::Truncated)?;
+        r.read_exact(&mut payload)
+            .await
+            .map_err(|_| FrameError::Truncated)?;
     }
     Ok(Some(Event {
         kind,
@@ -310,17 +318,24 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
             Ok(Ok(None)) | Ok(Err(_)) | Err(_) => break,
         };
         first = false;
-        let text_of = |e: &Event| e.data.get("text").and_then(Value::as_str).unwrap_or("").to_owned();
+        let text_of = |e: &Event| {
+            e.data
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
         let mut fail = None;
         match ev.kind.as_str() {
-            "describe" => {
-                if out_tx.send((*info).clone()).await.is_err() {
-                    break;
-                }
-            }
+            "describe" if out_tx.send((*info).clone()).await.is_err() => break,
+            "describe" => {}
             "ping" => {
                 let text = ev.data.get("text").cloned().unwrap_or(Value::Null);
-                if out_tx.send(frame("pong", Some(&json!({"text": text})), &[])).await.is_err() {
+                if out_tx
+                    .send(frame("pong", Some(&json!({"text": text})), &[]))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
             }
@@ -378,7 +393,11 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
         }
         if let Some(f) = fail {
             let _ = out_tx
-                .send(frame("error", Some(&json!({"text": f.text, "code": f.code})), &[]))
+                .send(frame(
+                    "error",
+                    Some(&json!({"text": f.text, "code": f.code})),
+                    &[],
+                ))
                 .await;
             break;
         }
@@ -430,7 +449,11 @@ async fn synthesis(
                     })
                     .inc();
                 let _ = out
-                    .send(frame("error", Some(&json!({"text": f.text, "code": f.code})), &[]))
+                    .send(frame(
+                        "error",
+                        Some(&json!({"text": f.text, "code": f.code})),
+                        &[],
+                    ))
                     .await;
                 break;
             }
@@ -456,20 +479,27 @@ async fn speak(
         .or_else(|| voice.and_then(|v| v.get("name").and_then(Value::as_str)));
     let mut v = svc.voice(name).map_err(|names| {
         Some(Fail {
-            text: format!("voice '{}' is unknown; available: {names}", name.unwrap_or("")),
+            text: format!(
+                "voice '{}' is unknown; available: {names}",
+                name.unwrap_or("")
+            ),
             code: "voice_not_found",
         })
     })?;
     if let Some(l) = voice.and_then(|v| v.get("language").and_then(Value::as_str)) {
         v.language = Some(svc.language(l).ok_or_else(|| {
             Some(Fail {
-                text: format!("language '{l}' is unknown; the model has {}", svc.info().languages.join(", ")),
+                text: format!(
+                    "language '{l}' is unknown; the model has {}",
+                    svc.info().languages.join(", ")
+                ),
                 code: "unsupported_language",
             })
         })?);
     }
     let mut req = qtts::engine::Request::text(text);
     req.voice = v;
+    req.frame_limit = Some(svc.limits.max_frames);
     let mut job = svc.admit(req, "wyoming").map_err(|r| {
         Some(match r {
             Refused::Busy { .. } | Refused::Draining => Fail {
@@ -561,7 +591,9 @@ mod tests {
     }
 
     fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread().build().unwrap()
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
     }
 
     /// The bytes wyoming 1.10.2 writes (serving.md §2.1), and inline data without a version.
@@ -595,7 +627,10 @@ mod tests {
         let e = evs[0].as_ref().unwrap().as_ref().unwrap();
         assert_eq!(e.data["rate"], 24000);
         assert_eq!(e.payload, vec![1, 2, 3, 4]);
-        assert_eq!(evs[1].as_ref().unwrap().as_ref().unwrap().kind, "audio-stop");
+        assert_eq!(
+            evs[1].as_ref().unwrap().as_ref().unwrap().kind,
+            "audio-stop"
+        );
     }
 
     /// Split reads (one byte at a time) give the same events.
@@ -612,10 +647,20 @@ mod tests {
 
     #[test]
     fn limits_and_truncation() {
-        let long = format!("{{\"type\": \"x\", \"pad\": \"{}\"}}\n", "a".repeat(MAX_HEADER + 10));
+        let long = format!(
+            "{{\"type\": \"x\", \"pad\": \"{}\"}}\n",
+            "a".repeat(MAX_HEADER + 10)
+        );
         let evs = rt().block_on(read_all(long.as_bytes()));
-        assert!(evs[0].as_ref().unwrap_err().contains("header line"), "{:?}", evs[0]);
-        let big = format!("{{\"type\": \"x\", \"payload_length\": {}}}\n", MAX_BLOCK + 1);
+        assert!(
+            evs[0].as_ref().unwrap_err().contains("header line"),
+            "{:?}",
+            evs[0]
+        );
+        let big = format!(
+            "{{\"type\": \"x\", \"payload_length\": {}}}\n",
+            MAX_BLOCK + 1
+        );
         let evs = rt().block_on(read_all(big.as_bytes()));
         assert!(evs[0].as_ref().unwrap_err().contains("payload_length"));
         let short = b"{\"type\": \"x\", \"data_length\": 50}\n{\"a\":1}";
