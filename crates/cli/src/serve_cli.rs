@@ -121,7 +121,13 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         None => Default::default(),
     };
     let id = model_id(worker.info());
-    let svc = qtts_serve::Service::new(worker, limits, voices, id, model.description.clone());
+    let svc = std::sync::Arc::new(qtts_serve::Service::new(
+        worker,
+        limits,
+        voices,
+        id,
+        model.description.clone(),
+    ));
     let opts = qtts_serve::Options {
         http,
         wyoming,
@@ -130,7 +136,6 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             strict_model: a.strict_model,
             overload_429: a.overload_429,
         },
-        limits: svc.limits.clone(),
         drain_timeout: secs(a.drain_timeout, "drain-timeout")?,
         no_warmup: false,
     };

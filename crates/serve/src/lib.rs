@@ -39,8 +39,6 @@ pub struct Options {
     pub wyoming: Option<SocketAddr>,
     /// HTTP settings.
     pub http_options: http::HttpOptions,
-    /// Per-request limits.
-    pub limits: Limits,
     /// After SIGTERM or Ctrl-C: how long running and queued requests may take before they are
     /// cancelled (25 s, under Kubernetes' default 30 s grace period).
     pub drain_timeout: Duration,
@@ -94,7 +92,21 @@ impl std::fmt::Display for Bound {
 
 /// Serves `svc` until SIGTERM or Ctrl-C, then drains; `listening` is called once both listeners
 /// are bound and the engine is warm.
-pub fn run(svc: Service, opts: Options, listening: impl FnOnce(Bound)) -> Result<(), ServeError> {
+pub fn run(
+    svc: Arc<Service>,
+    opts: Options,
+    listening: impl FnOnce(Bound),
+) -> Result<(), ServeError> {
+    run_until(svc, opts, listening, shutdown_signal())
+}
+
+/// [`run`], stopping when `stop` completes instead of on a signal (embedding, benches, tests).
+pub fn run_until(
+    svc: Arc<Service>,
+    opts: Options,
+    listening: impl FnOnce(Bound),
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
     if opts.http.is_none() && opts.wyoming.is_none() {
         return Err(ServeError::NoFrontEnd);
     }
@@ -104,8 +116,7 @@ pub fn run(svc: Service, opts: Options, listening: impl FnOnce(Bound)) -> Result
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    let svc = Arc::new(svc);
-    rt.block_on(serve(svc, opts, listening))
+    rt.block_on(serve(svc, opts, listening, stop))
 }
 
 async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, ServeError> {
@@ -118,6 +129,7 @@ async fn serve(
     svc: Arc<Service>,
     opts: Options,
     listening: impl FnOnce(Bound),
+    stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let http = match opts.http {
         Some(a) => Some(bind(a).await?),
@@ -153,7 +165,7 @@ async fn serve(
                 .await;
         })
     });
-    shutdown_signal().await;
+    stop.await;
     eprintln!(
         "qtts serve: draining ({} requests in flight, up to {} s)",
         svc.in_flight(),
