@@ -201,3 +201,32 @@ fn cancel_all_stops_what_was_submitted_before_it_only() {
     assert_eq!(r.unwrap().stop, StopReason::FrameCap { frames: 5 });
     assert_eq!(audio.len(), 5 * 1920);
 }
+
+/// `Request::frame_limit` bounds both the runaway guard (no `max_frames`) and a larger
+/// `max_frames`; `Job::is_queued` holds until the worker takes the job.
+#[test]
+fn frame_limit_bounds_the_guard_and_max_frames() {
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let worker = Worker::load(&files(&out), config(), 2).unwrap();
+    let mut guard_only = request(1, 0);
+    guard_only.max_frames = None;
+    guard_only.min_frames = qtts::talker::MIN_FRAMES;
+    let mut limited = guard_only.clone();
+    limited.frame_limit = Some(7);
+    let mut both = request(1, 10);
+    both.min_frames = qtts::talker::MIN_FRAMES;
+    both.frame_limit = Some(7);
+    let running = worker.submit(request(4, 40)).unwrap();
+    until_taken(&worker);
+    let queued = worker.submit(limited).unwrap();
+    assert!(queued.is_queued() && !running.is_queued());
+    running.finish().unwrap();
+    let (audio, r) = queued.collect();
+    assert_eq!(r.unwrap().stop, StopReason::FrameCap { frames: 7 });
+    assert_eq!(audio.len(), 7 * 1920);
+    let (audio, _) = worker.submit(both).unwrap().collect();
+    assert_eq!(audio.len(), 7 * 1920);
+    // Without the limit the guard allows more than 7 frames (random weights never stop early).
+    let r = worker.submit(guard_only).unwrap().finish().unwrap();
+    assert!(r.frames > 7, "{} frames", r.frames);
+}

@@ -322,6 +322,14 @@ async fn buffered(mut a: Admitted, first: Event, enc: &mut Encoder) -> Result<Re
         };
         match next {
             Some(Event::Audio(c)) => out.extend(enc.push(&c).map_err(enc_err)?),
+            Some(Event::End(Ok(s))) if s.stop == qtts::talker::StopReason::Cancelled => {
+                return Err(ApiError::server(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "cancelled",
+                    "the request was cancelled before its end (server shutdown or the \
+                     per-request audio limit)",
+                ))
+            }
             Some(Event::End(Ok(_))) => break,
             Some(Event::End(Err(e))) => return Err(engine_error(&e)),
             Some(Event::QueueTimeout) | None => {
@@ -414,6 +422,24 @@ fn chunks(
                         return Some((Err(fail(e.to_string())), st));
                     }
                 },
+                Some(Event::End(Ok(summary)))
+                    if summary.stop == qtts::talker::StopReason::Cancelled =>
+                {
+                    // Cut short (shutdown, the audio limit): never end like a whole file.
+                    st.done = true;
+                    let msg = "the request was cancelled before its end (server shutdown or the \
+                               per-request audio limit)";
+                    if sse_events {
+                        let ev = sse(
+                            "speech.audio.error",
+                            &json!({"type": "speech.audio.error", "error": {
+                                "message": msg, "type": "server_error",
+                                "param": null, "code": "cancelled"}}),
+                        );
+                        return Some((Ok(ev), st));
+                    }
+                    return Some((Err(fail(msg.into())), st));
+                }
                 Some(Event::End(Ok(summary))) => {
                     st.done = true;
                     let tail = match st.enc.finish() {

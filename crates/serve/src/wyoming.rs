@@ -531,6 +531,14 @@ async fn speak(
                 d["timestamp"] = json!(t0.elapsed().as_millis() as u64);
                 send(frame("audio-chunk", Some(&d), &pcm)).await?;
             }
+            Some(Audio::End(Ok(s))) if s.stop == qtts::talker::StopReason::Cancelled => {
+                return Err(Some(Fail {
+                    text: "the request was cancelled before its end (server shutdown or the \
+                           per-request audio limit)"
+                        .into(),
+                    code: "cancelled",
+                }))
+            }
             Some(Audio::End(Ok(_))) => {
                 if !started {
                     send(frame("audio-start", Some(&fmt), &[])).await?;

@@ -336,3 +336,28 @@ def test_slow_reader_is_bounded_then_cancelled(make_server):
     assert s.metric("qtts_frames_total") < 4000
     sock.close()
     s.wait_idle(2.0)
+
+
+def test_sigterm_drains_then_cancels_and_exits(make_server):
+    import signal
+    s = make_server("--max-frames", "4000", "--drain-timeout", "0.5")
+    t, out = long_request(s, frames=4000)
+    wait_running(s, 1)
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=10) == 0
+    assert time.monotonic() - t0 < 5.0
+    t.join(10)
+    # Cut short: the body is broken off, never ended like a whole file.
+    assert "error" in out, out
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(s.base + "/livez")
+
+
+def test_audio_limit_breaks_the_body_off(make_server):
+    s = make_server("--max-frames", "4000", "--max-audio-seconds", "1")
+    with pytest.raises(httpx.RemoteProtocolError):
+        httpx.post(s.base + "/v1/audio/speech", json={
+            "input": "A long one. " * 20, "voice": "vivian", "response_format": "pcm",
+            "max_new_tokens": 4000})
+    assert s.metric("qtts_requests_cancelled_total", reason="audio_limit") == 1
