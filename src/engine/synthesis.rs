@@ -155,8 +155,12 @@ pub struct EngineInfo {
 
 impl EngineInfo {
     /// The speaker a request without one gets: `vivian` where the model has her, else its first
-    /// speaker; `None` for models without speakers (Base, VoiceDesign).
+    /// speaker; `None` for models without speakers (Base, VoiceDesign). The command, the C ABI,
+    /// the Python package and the server all use it.
     pub fn default_speaker(&self) -> Option<&str> {
+        if self.model_type != "custom_voice" {
+            return None;
+        }
         self.speakers
             .iter()
             .find(|s| s.eq_ignore_ascii_case("vivian"))

@@ -61,7 +61,8 @@ typedef struct QttsRequest {
   size_t size;
   // UTF-8 text to speak (required).
   const char *text;
-  // A speaker of a CustomVoice model ([`qtts_engine_voice_name`]); NULL: the model's first.
+  // A speaker of a CustomVoice model ([`qtts_engine_voice_name`]); NULL: the model's default
+  // (vivian where it has her, else its first).
   const char *voice;
   // A language (`english`, `chinese`, ...); NULL: `auto`.
   const char *language;

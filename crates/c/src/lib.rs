@@ -78,7 +78,8 @@ pub struct QttsRequest {
     pub size: usize,
     /// UTF-8 text to speak (required).
     pub text: *const c_char,
-    /// A speaker of a CustomVoice model ([`qtts_engine_voice_name`]); NULL: the model's first.
+    /// A speaker of a CustomVoice model ([`qtts_engine_voice_name`]); NULL: the model's default
+    /// (vivian where it has her, else its first).
     pub voice: *const c_char,
     /// A language (`english`, `chinese`, ...); NULL: `auto`.
     pub language: *const c_char,
@@ -457,11 +458,7 @@ pub unsafe extern "C" fn qtts_synthesize(
         let text = text.ok_or_else(|| invalid("req.text: expected UTF-8 text, found NULL"))?;
         let mut request = Request::text(text);
         let info = engine.worker.info();
-        let speaker = voice.or_else(|| {
-            (info.model_type == "custom_voice")
-                .then(|| info.speakers.first().cloned())
-                .flatten()
-        });
+        let speaker = voice.or_else(|| info.default_speaker().map(str::to_owned));
         request.voice = Voice {
             speaker,
             language,

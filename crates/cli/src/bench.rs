@@ -147,14 +147,10 @@ pub fn measure_in(
 ) -> Result<RunReport, EngineError> {
     let request_frames = request_frames.max(1);
     let mut engine = Engine::load(files, config)?;
-    let speakers = engine.info().speakers.clone();
+    let speaker = engine.info().default_speaker().map(str::to_owned);
     let request = |frames: usize| {
         let mut req = Request::text(TEXT);
-        req.voice.speaker = speakers
-            .iter()
-            .find(|s| *s == "vivian")
-            .or(speakers.first())
-            .cloned();
+        req.voice.speaker = speaker.clone();
         req.voice.language = Some("english".into());
         req.max_frames = Some(frames);
         // Random weights may sample end-of-speech: the frame count is forced.

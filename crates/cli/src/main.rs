@@ -327,15 +327,10 @@ fn requests(
         }
         None => None,
     };
-    let speaker = args.speaker.clone().or_else(|| {
-        (info.model_type == "custom_voice").then(|| {
-            if info.speakers.iter().any(|s| s == "vivian") {
-                "vivian".to_owned()
-            } else {
-                info.speakers.first().cloned().unwrap_or_default()
-            }
-        })
-    });
+    let speaker = args
+        .speaker
+        .clone()
+        .or_else(|| info.default_speaker().map(str::to_owned));
     let base = Request {
         input: TextInput::Text(String::new()),
         voice: Voice {

@@ -125,11 +125,7 @@ impl Engine {
         min_frames: Option<usize>,
     ) -> Request {
         let mut req = Request::text(text);
-        let speaker = voice.or_else(|| {
-            (self.info.model_type == "custom_voice")
-                .then(|| self.info.speakers.first().cloned())
-                .flatten()
-        });
+        let speaker = voice.or_else(|| self.info.default_speaker().map(str::to_owned));
         req.voice = Voice {
             speaker,
             language,
