@@ -54,7 +54,7 @@ fn main() {
     );
 
     let mut engine = Engine::load(&found.files, EngineConfig::default()).unwrap();
-    let speaker = engine.info().speakers.first().cloned();
+    let speaker = engine.info().default_speaker().map(str::to_owned);
     let mut req = Request::text(text);
     req.voice = Voice {
         speaker,

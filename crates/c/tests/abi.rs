@@ -109,7 +109,7 @@ fn audio_read_in_any_buffer_equals_the_engines() {
     let mut engine = Engine::load(&model.files, config).unwrap();
     let mut req = Request::text(text.to_str().unwrap());
     req.voice = Voice {
-        speaker: engine.info().speakers.first().cloned(),
+        speaker: engine.info().default_speaker().map(str::to_owned),
         ..Voice::default()
     };
     req.seed = 7;

@@ -150,6 +150,7 @@ def test_buffered_files_have_exact_sizes(server):
     ({"voice": "nobody"}, "voice_not_found", "voice"),
     ({"input": "   "}, "empty_input", "input"),
     ({"input": "a" * 5000}, "input_too_long", "input"),
+    ({"input": "word " * 20000}, "input_too_long", "input"),
     ({"speed": 5.0}, "invalid_speed", "speed"),
     ({"response_format": "aac"}, "unsupported_response_format", "response_format"),
     ({"extra_body": {"language": "klingon", **EXTRA}}, "unsupported_language", "language"),
@@ -172,6 +173,13 @@ def test_malformed_bodies_are_400(server, raw):
                    headers={"content-type": "application/json"})
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_body_over_16_mib_is_413(server):
+    r = httpx.post(server.base + "/v1/audio/speech", content=b"{" + b" " * (17 << 20) + b"}",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
 
 
 def test_huge_headers_are_refused_and_the_server_stays_up(server):
