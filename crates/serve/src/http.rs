@@ -23,6 +23,67 @@ use crate::speech::{self, Delivery};
 /// Request bodies on `/v1/audio/*`: 16 MiB (room for a `speaker_embedding`).
 pub const BODY_LIMIT: usize = 16 << 20;
 
+/// Open HTTP connections at most: 256; past it new ones are closed at once.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// A request's headers must arrive within 30 s: slow-header clients are dropped.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Completes once `stop` is true (or its sender is gone).
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Serves `app` on `listener` (HTTP/1.1, TCP_NODELAY, [`HEADER_TIMEOUT`], [`MAX_CONNECTIONS`])
+/// until `stop` turns true; then lets open connections finish their responses and returns.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let sock = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((sock, _)) => sock,
+                // Out of descriptors or a reset before accept: try again shortly.
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            _ = stopped(stop.clone()) => break,
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            continue;
+        };
+        // Nagle would hold small chunks back for tens of ms.
+        let _ = sock.set_nodelay(true);
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            let conn = b.serve_connection(hyper_util::rt::TokioIo::new(sock), svc);
+            let mut conn = std::pin::pin!(conn);
+            let mut draining = false;
+            loop {
+                tokio::select! {
+                    _ = conn.as_mut() => break,
+                    _ = stopped(stop.clone()), if !draining => {
+                        draining = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+    // Every connection gives its permit back when it ends.
+    let _ = permits.acquire_many(MAX_CONNECTIONS as u32).await;
+}
+
 /// Settings of the HTTP front end.
 #[derive(Debug, Clone, Default)]
 pub struct HttpOptions {

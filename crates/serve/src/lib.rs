@@ -150,20 +150,8 @@ async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wy = wyoming.map(|l| tokio::spawn(wyoming::serve(l, svc.clone())));
     let web = http.map(|l| {
-        use axum::serve::ListenerExt;
-        let l = l.tap_io(|tcp| {
-            // Nagle would hold small chunks back for tens of ms.
-            let _ = tcp.set_nodelay(true);
-        });
         let app = http::router(svc.clone(), opts.http_options.clone());
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(l, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await;
-        })
+        tokio::spawn(http::serve(l, app, stop_rx.clone()))
     });
     stop.await;
     eprintln!(

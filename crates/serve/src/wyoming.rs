@@ -8,6 +8,7 @@
 //! synthesis task speaks the work in order; a writer task owns the socket's write half. EOF on
 //! the read side cancels the request in flight at once.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -258,18 +259,31 @@ pub fn info_event(svc: &Service) -> Vec<u8> {
     frame("info", Some(&data), &[])
 }
 
-/// Accepts connections until the listener fails or the task is dropped.
+/// Open Wyoming connections at most: 64 (Home Assistant opens one per request); past it new ones
+/// are closed at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Accepts connections until the task is dropped.
 pub async fn serve(listener: TcpListener, svc: Arc<Service>) {
     let info = Arc::new(info_event(&svc));
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok((sock, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let _ = sock.set_nodelay(true);
         if svc.is_draining() {
             continue;
         }
-        tokio::spawn(connection(sock, svc.clone(), info.clone()));
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            continue;
+        };
+        let _ = sock.set_nodelay(true);
+        let (svc, info) = (svc.clone(), info.clone());
+        tokio::spawn(async move {
+            connection(sock, svc, info).await;
+            drop(permit);
+        });
     }
 }
 
@@ -301,23 +315,46 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
     });
     let (work_tx, work_rx) = mpsc::channel::<Work>(WORK_QUEUE);
     let (close_tx, mut close_rx) = tokio::sync::watch::channel(false);
-    let synth = tokio::spawn(synthesis(svc.clone(), work_rx, out_tx.clone(), close_tx));
+    let busy = Arc::new(AtomicUsize::new(0));
+    let synth = tokio::spawn(synthesis(
+        svc.clone(),
+        work_rx,
+        out_tx.clone(),
+        close_tx,
+        busy.clone(),
+    ));
     let mut streaming: Option<(Sentences, Option<Value>)> = None;
     let mut chars = 0usize;
     let mut first = true;
+    // Idle time counts only while nothing is being spoken for this connection.
+    let mut last = Instant::now();
     loop {
-        let idle = if first { IDLE_FIRST } else { IDLE_BETWEEN };
-        let ev = tokio::select! {
-            r = tokio::time::timeout(idle, read_event(&mut rd)) => r,
-            _ = close_rx.changed() => break,
+        let ev = {
+            let read = read_event(&mut rd);
+            tokio::pin!(read);
+            loop {
+                tokio::select! {
+                    r = &mut read => break Some(r),
+                    _ = close_rx.changed() => break None,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                        let limit = if first { IDLE_FIRST } else { IDLE_BETWEEN };
+                        if busy.load(Ordering::Acquire) > 0 {
+                            last = Instant::now();
+                        } else if last.elapsed() > limit {
+                            break None;
+                        }
+                    }
+                }
+            }
         };
         let ev = match ev {
-            Ok(Ok(Some(e))) => e,
-            // EOF, a broken frame, or idle: the connection ends (a broken frame gets no reply:
-            // the stream cannot be resynchronised).
-            Ok(Ok(None)) | Ok(Err(_)) | Err(_) => break,
+            Some(Ok(Some(e))) => e,
+            // Closed by the synthesis task, EOF, a broken frame, or idle: the connection ends (a
+            // broken frame gets no reply: the stream cannot be resynchronised).
+            None | Some(Ok(None)) | Some(Err(_)) => break,
         };
         first = false;
+        last = Instant::now();
         let text_of = |e: &Event| {
             e.data
                 .get("text")
@@ -347,13 +384,16 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
                 chars += text.chars().count();
                 if chars > svc.limits.max_input_chars {
                     fail = Some(too_long(&svc));
-                } else if work_tx
-                    .send(Work::Speak {
+                } else if send_work(
+                    &work_tx,
+                    &busy,
+                    Work::Speak {
                         text,
                         voice: ev.data.get("voice").cloned(),
-                    })
-                    .await
-                    .is_err()
+                    },
+                )
+                .await
+                .is_err()
                 {
                     break;
                 }
@@ -373,7 +413,7 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
                                 text: sentence,
                                 voice: voice.clone(),
                             };
-                            if work_tx.send(w).await.is_err() {
+                            if send_work(&work_tx, &busy, w).await.is_err() {
                                 break;
                             }
                         }
@@ -383,9 +423,9 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
             "synthesize-stop" => {
                 if let Some((mut s, voice)) = streaming.take() {
                     if let Some(rest) = s.finish() {
-                        let _ = work_tx.send(Work::Speak { text: rest, voice }).await;
+                        let _ = send_work(&work_tx, &busy, Work::Speak { text: rest, voice }).await;
                     }
-                    let _ = work_tx.send(Work::Stopped).await;
+                    let _ = send_work(&work_tx, &busy, Work::Stopped).await;
                 }
             }
             // Servers drop events they do not know (audio from a client, select-program, ...).
@@ -411,6 +451,20 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
     let _ = writer.await;
 }
 
+/// Queues work for the synthesis task, counting it as pending until that task is done with it.
+async fn send_work(
+    tx: &mpsc::Sender<Work>,
+    busy: &AtomicUsize,
+    w: Work,
+) -> Result<(), mpsc::error::SendError<Work>> {
+    busy.fetch_add(1, Ordering::AcqRel);
+    let r = tx.send(w).await;
+    if r.is_err() {
+        busy.fetch_sub(1, Ordering::AcqRel);
+    }
+    r
+}
+
 fn too_long(svc: &Service) -> Fail {
     Fail {
         text: format!(
@@ -427,8 +481,17 @@ async fn synthesis(
     mut work: mpsc::Receiver<Work>,
     out: mpsc::Sender<Vec<u8>>,
     close: tokio::sync::watch::Sender<bool>,
+    busy: Arc<AtomicUsize>,
 ) {
     while let Some(w) = work.recv().await {
+        // Counted done whatever happens below (an early `break` included).
+        struct Done<'a>(&'a AtomicUsize);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _done = Done(&busy);
         let r = match w {
             Work::Speak { text, voice } => speak(&svc, &text, voice.as_ref(), &out).await,
             Work::Stopped => out
