@@ -216,14 +216,10 @@ fn refused(app: &App, r: Refused) -> ApiError {
 
 /// An engine error before the first byte: the request's fault (400) or the engine's (500).
 fn engine_error(e: &EngineError) -> ApiError {
-    match e {
-        EngineError::EmptyText => ApiError::bad("empty_input", Some("input"), e.to_string()),
-        EngineError::Talker(_) => ApiError::bad("invalid_request", None, e.to_string()),
-        _ => ApiError::server(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "engine_error",
-            e.to_string(),
-        ),
+    match crate::service::error_code(e) {
+        "empty_input" => ApiError::bad("empty_input", Some("input"), e.to_string()),
+        "invalid_request" => ApiError::bad("invalid_request", None, e.to_string()),
+        code => ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, code, e.to_string()),
     }
 }
 
@@ -264,15 +260,13 @@ async fn speech(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let format_label = "unknown";
-    let r = speech_inner(&app, &headers, body).await;
-    match r {
+    match speech_inner(&app, &headers, body).await {
         Ok((resp, format)) => {
             count(&app, format.name(), resp.status().as_str());
             resp
         }
         Err(e) => {
-            count(&app, format_label, e.status.as_str());
+            count(&app, "unknown", e.status.as_str());
             e.into_response()
         }
     }
@@ -387,8 +381,7 @@ async fn buffered(mut a: Admitted, first: Event, enc: &mut Encoder) -> Result<Re
                 return Err(ApiError::server(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "cancelled",
-                    "the request was cancelled before its end (server shutdown or the \
-                     per-request audio limit)",
+                    crate::service::CUT_SHORT,
                 ))
             }
             Some(Event::End(Ok(_))) => break,
@@ -414,11 +407,7 @@ fn sse(kind: &str, data: &Value) -> Bytes {
 fn usage(s: &Summary) -> Value {
     let input: usize = s.segments.iter().map(|g| g.tokens).sum();
     let audio = s.samples as f64 / 24_000.0;
-    let stop = match s.stop {
-        qtts::talker::StopReason::Eos => "eos",
-        qtts::talker::StopReason::FrameCap { .. } => "frame_cap",
-        qtts::talker::StopReason::Cancelled => "cancelled",
-    };
+    let stop = crate::metrics::stop_label(&s.stop);
     json!({
         "input_tokens": input,
         "output_tokens": s.frames,
@@ -488,8 +477,7 @@ fn chunks(
                 {
                     // Cut short (shutdown, the audio limit): never end like a whole file.
                     st.done = true;
-                    let msg = "the request was cancelled before its end (server shutdown or the \
-                               per-request audio limit)";
+                    let msg = crate::service::CUT_SHORT;
                     if sse_events {
                         let ev = sse(
                             "speech.audio.error",
@@ -548,12 +536,7 @@ async fn voices(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         return e.into_response();
     }
     let info = app.svc.info();
-    let langs: Vec<String> = info
-        .languages
-        .iter()
-        .filter(|l| *l != "auto")
-        .map(|l| crate::voices::iso_code(l))
-        .collect();
+    let langs = crate::voices::iso_codes(info);
     let title = |s: &str| {
         let mut c = s.chars();
         c.next()

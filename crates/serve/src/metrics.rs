@@ -50,6 +50,15 @@ pub struct Stage {
     pub stage: &'static str,
 }
 
+/// How a request ended, as metrics and SSE usage name it: `eos`, `frame_cap`, `cancelled`.
+pub fn stop_label(stop: &qtts::talker::StopReason) -> &'static str {
+    match stop {
+        qtts::talker::StopReason::Eos => "eos",
+        qtts::talker::StopReason::FrameCap { .. } => "frame_cap",
+        qtts::talker::StopReason::Cancelled => "cancelled",
+    }
+}
+
 /// Every metric the server exports.
 #[derive(Debug)]
 pub struct ServerMetrics {
@@ -233,11 +242,7 @@ impl ServerMetrics {
         if audio > 0.0 {
             self.rtf.observe(s.generated.as_secs_f64() / audio);
         }
-        let reason = match s.stop {
-            qtts::talker::StopReason::Eos => "eos",
-            qtts::talker::StopReason::FrameCap { .. } => "frame_cap",
-            qtts::talker::StopReason::Cancelled => "cancelled",
-        };
+        let reason = stop_label(&s.stop);
         self.stop_reason.get_or_create(&Reason { reason }).inc();
         let m = &s.metrics;
         let stages = [

@@ -64,6 +64,21 @@ pub enum Event {
     QueueTimeout,
 }
 
+/// What a client is told when its request ended before its end: it must not take the audio for
+/// a whole file.
+pub const CUT_SHORT: &str =
+    "the request was cancelled before its end (server shutdown or the per-request audio limit)";
+
+/// The code an engine error is reported with: the request's fault (`empty_input`,
+/// `invalid_request`) or the engine's (`engine_error`).
+pub fn error_code(e: &EngineError) -> &'static str {
+    match e {
+        EngineError::EmptyText => "empty_input",
+        EngineError::Talker(_) => "invalid_request",
+        _ => "engine_error",
+    }
+}
+
 /// Why a request was refused before it was queued.
 #[derive(Debug)]
 pub enum Refused {

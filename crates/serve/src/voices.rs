@@ -209,6 +209,16 @@ pub fn language(s: &str, info: &EngineInfo) -> Option<String> {
         .cloned()
 }
 
+/// The model's languages as ISO 639-1 codes (names without one as they are), `auto` left out:
+/// what voice lists advertise.
+pub fn iso_codes(info: &EngineInfo) -> Vec<String> {
+    info.languages
+        .iter()
+        .filter(|l| *l != "auto")
+        .map(|l| iso_code(l))
+        .collect()
+}
+
 /// The ISO 639-1 code of a model language (the name itself when it has none).
 pub fn iso_code(language: &str) -> String {
     ISO.iter()

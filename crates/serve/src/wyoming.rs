@@ -223,12 +223,7 @@ impl Sentences {
 /// The `info` event, built once: it answers `describe` at once whatever the engine is doing.
 pub fn info_event(svc: &Service) -> Vec<u8> {
     let info = svc.info();
-    let languages: Vec<String> = info
-        .languages
-        .iter()
-        .filter(|l| *l != "auto")
-        .map(|l| crate::voices::iso_code(l))
-        .collect();
+    let languages = crate::voices::iso_codes(info);
     let attribution = json!({"name": "Qwen", "url": "https://huggingface.co/Qwen"});
     let version = env!("CARGO_PKG_VERSION");
     let voice = |name: &str, description: String| {
@@ -299,6 +294,29 @@ enum Work {
 struct Fail {
     text: String,
     code: &'static str,
+}
+
+impl Fail {
+    /// The `error` event.
+    fn frame(&self) -> Vec<u8> {
+        frame(
+            "error",
+            Some(&json!({"text": self.text, "code": self.code})),
+            &[],
+        )
+    }
+}
+
+/// Counts a Wyoming request that ended `code` (`ok` or an error code).
+fn count(svc: &Service, code: &str) {
+    svc.metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            frontend: "wyoming",
+            format: "wyoming",
+            code: code.to_string(),
+        })
+        .inc();
 }
 
 async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
@@ -432,13 +450,7 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
             _ => {}
         }
         if let Some(f) = fail {
-            let _ = out_tx
-                .send(frame(
-                    "error",
-                    Some(&json!({"text": f.text, "code": f.code})),
-                    &[],
-                ))
-                .await;
+            let _ = out_tx.send(f.frame()).await;
             break;
         }
     }
@@ -503,21 +515,8 @@ async fn synthesis(
             Ok(()) => {}
             Err(None) => break,
             Err(Some(f)) => {
-                svc.metrics
-                    .requests
-                    .get_or_create(&RequestLabels {
-                        frontend: "wyoming",
-                        format: "wyoming",
-                        code: f.code.to_string(),
-                    })
-                    .inc();
-                let _ = out
-                    .send(frame(
-                        "error",
-                        Some(&json!({"text": f.text, "code": f.code})),
-                        &[],
-                    ))
-                    .await;
+                count(&svc, f.code);
+                let _ = out.send(f.frame()).await;
                 break;
             }
         }
@@ -596,9 +595,7 @@ async fn speak(
             }
             Some(Audio::End(Ok(s))) if s.stop == qtts::talker::StopReason::Cancelled => {
                 return Err(Some(Fail {
-                    text: "the request was cancelled before its end (server shutdown or the \
-                           per-request audio limit)"
-                        .into(),
+                    text: crate::service::CUT_SHORT.into(),
                     code: "cancelled",
                 }))
             }
@@ -608,24 +605,13 @@ async fn speak(
                 }
                 let d = json!({"timestamp": t0.elapsed().as_millis() as u64});
                 send(frame("audio-stop", Some(&d), &[])).await?;
-                svc.metrics
-                    .requests
-                    .get_or_create(&RequestLabels {
-                        frontend: "wyoming",
-                        format: "wyoming",
-                        code: "ok".into(),
-                    })
-                    .inc();
+                count(svc, "ok");
                 return Ok(());
             }
             Some(Audio::End(Err(e))) => {
                 return Err(Some(Fail {
                     text: e.to_string(),
-                    code: match e {
-                        qtts::engine::EngineError::EmptyText => "empty_input",
-                        qtts::engine::EngineError::Talker(_) => "invalid_request",
-                        _ => "engine_error",
-                    },
+                    code: crate::service::error_code(&e),
                 }))
             }
             Some(Audio::QueueTimeout) => {
