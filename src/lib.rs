@@ -26,5 +26,6 @@ mod sync;
 pub mod synth;
 pub mod talker;
 pub mod text;
+pub mod voice;
 
 pub use error::ModelError;

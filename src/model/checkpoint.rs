@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::Dtype;
 
-use super::config::CheckpointConfig;
+use super::config::{CheckpointConfig, EncoderConfig, ModelType, SpeakerEncoderConfig};
 use crate::error::ModelError;
 
 /// How a tensor is initialised by `qtts random-model` (the scheme of `../shared/oracle/oracle_common.py`).
@@ -319,17 +319,86 @@ pub fn expected_tensors(cfg: &CheckpointConfig) -> Vec<Spec> {
     s.conv(&format!("decoder.decoder.{}.conv", n + 1), 1, c_in, 7);
     out.extend(s.0);
     if let Some(e) = cfg.tts.speaker_encoder_config.enc_dim {
-        out.extend(speaker_encoder_tensors(e as u64));
+        out.extend(speaker_encoder_tensors(&cfg.tts.speaker_encoder_config, e as u64));
+    }
+    if cfg.tts.tts_model_type == ModelType::Base {
+        if let Some(e) = &cfg.speech_tokenizer.encoder_config {
+            out.extend(codec_encoder_tensors(e));
+        }
     }
     out
 }
 
-/// The x-vector speaker encoder of Base models (ECAPA-TDNN, MODEL-NOTES.md §6.1), with the default
-/// widths of `Qwen3TTSSpeakerEncoderConfig` (channels 512/1536, 128 mels, attention 128, SE 128,
-/// Res2Net scale 8) and kernel shapes as llama.cpp's loader reads them (`tools/mtmd/clip.cpp`).
-fn speaker_encoder_tensors(enc_dim: u64) -> Vec<Spec> {
+/// The speech tokenizer's encoder (Mimi: SEANet, transformer, downsample, split RVQ) that voice
+/// cloning needs: the 159 of its 225 tensors (real geometry) that compute the first 16 codebooks.
+/// Listed for Base models only, the ones that clone; the CustomVoice and VoiceDesign files carry
+/// the same weights, unused.
+pub fn codec_encoder_tensors(e: &EncoderConfig) -> Vec<Spec> {
+    let mut s = Specs(Vec::new(), CheckpointFile::SpeechTokenizer);
+    let p = "encoder.encoder.layers";
+    let mut c = e.num_filters as u64;
+    s.conv(&format!("{p}.0.conv"), c, 1, e.kernel_size as u64);
+    let mut i = 1;
+    for &r in e.upsampling_ratios.iter().rev() {
+        let hidden = c / e.compress as u64;
+        s.conv(
+            &format!("{p}.{i}.block.1.conv"),
+            hidden,
+            c,
+            e.residual_kernel_size as u64,
+        );
+        s.conv(&format!("{p}.{i}.block.3.conv"), c, hidden, 1);
+        s.conv(&format!("{p}.{}.conv", i + 2), 2 * c, c, 2 * r as u64);
+        c *= 2;
+        i += 3;
+    }
+    let h = e.hidden_size as u64;
+    // Layer i is the ELU before the last conv.
+    s.conv(&format!("{p}.{}.conv", i + 1), h, c, e.last_kernel_size as u64);
+    for l in 0..e.num_hidden_layers {
+        let t = format!("encoder.encoder_transformer.layers.{l}");
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            s.add(format!("{t}.{n}.weight"), &[h], Init::Norm);
+            s.add(format!("{t}.{n}.bias"), &[h], Init::Bias);
+        }
+        for n in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            s.linear(&format!("{t}.self_attn.{n}"), h, h, false);
+        }
+        let ff = e.intermediate_size as u64;
+        s.linear(&format!("{t}.mlp.fc1"), ff, h, false);
+        s.linear(&format!("{t}.mlp.fc2"), h, ff, false);
+        s.add(format!("{t}.self_attn_layer_scale.scale"), &[h], Init::Scale);
+        s.add(format!("{t}.mlp_layer_scale.scale"), &[h], Init::Scale);
+    }
+    s.add("encoder.downsample.conv.weight", &[h, h, 4], Init::FanIn(h * 4));
+    let d = e.vector_quantization_hidden_dimension as u64;
+    for (rvq, n) in [("semantic", 1), ("acoustic", 15)] {
+        let q = format!("encoder.quantizer.{rvq}_residual_vector_quantizer");
+        s.add(format!("{q}.input_proj.weight"), &[d, h, 1], Init::FanIn(h));
+        for k in 0..n {
+            let cb = format!("{q}.layers.{k}.codebook");
+            s.add(
+                format!("{cb}.cluster_usage"),
+                &[e.codebook_size as u64],
+                Init::Usage,
+            );
+            s.add(
+                format!("{cb}.embed_sum"),
+                &[e.codebook_size as u64, e.codebook_dim as u64],
+                Init::Normal,
+            );
+        }
+    }
+    s.0
+}
+
+/// The x-vector speaker encoder of Base models (ECAPA-TDNN, MODEL-NOTES.md §6.1), with the widths
+/// of `speaker_encoder_config` (default 512/1536, attention 128, SE 128), 128 mels, Res2Net scale 8,
+/// and kernel shapes as llama.cpp's loader reads them (`tools/mtmd/clip.cpp`).
+fn speaker_encoder_tensors(cfg: &SpeakerEncoderConfig, enc_dim: u64) -> Vec<Spec> {
     let mut s = Specs(Vec::new(), CheckpointFile::Talker);
-    let (c, mel, att, se, scale) = (512u64, 128u64, 128u64, 128u64, 8u64);
+    let (c, mel, scale) = (cfg.channels() as u64, 128u64, 8u64);
+    let (att, se) = (cfg.attention_channels() as u64, cfg.se_channels() as u64);
     let p = "speaker_encoder";
     s.conv(&format!("{p}.blocks.0.conv"), c, mel, 5);
     for b in 1..4 {

@@ -66,6 +66,11 @@ impl ModelType {
 }
 
 /// `speaker_encoder_config` (Base models only).
+///
+/// The released configs give only `enc_dim` and `sample_rate`; the widths take the defaults of
+/// `Qwen3TTSSpeakerEncoderConfig` (`qwen_tts/core/models/configuration_qwen3_tts.py`), which the
+/// accessors return when a field is absent. The mel front end (128 bins, 24 kHz) and the kernel
+/// sizes and dilations are hard-coded by the reference and are not configurable here.
 #[derive(Deserialize, Serialize, Debug, Clone, PartialEq, Default)]
 pub struct SpeakerEncoderConfig {
     /// Output width: the talker's hidden size.
@@ -74,6 +79,35 @@ pub struct SpeakerEncoderConfig {
     /// Input sample rate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample_rate: Option<u32>,
+    /// Channels of the TDNN block, the three SE-Res2Net blocks and the MFA (`[512 ×4, 1536]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enc_channels: Option<Vec<u32>>,
+    /// Attentive-pooling bottleneck (128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enc_attention_channels: Option<u32>,
+    /// Squeeze-excitation bottleneck (128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enc_se_channels: Option<u32>,
+}
+
+impl SpeakerEncoderConfig {
+    /// Block width `C` (512): channels of the first four blocks; the MFA has `3·C`.
+    pub fn channels(&self) -> u32 {
+        self.enc_channels
+            .as_ref()
+            .and_then(|c| c.first().copied())
+            .unwrap_or(512)
+    }
+
+    /// Attentive-pooling bottleneck (128).
+    pub fn attention_channels(&self) -> u32 {
+        self.enc_attention_channels.unwrap_or(128)
+    }
+
+    /// Squeeze-excitation bottleneck (128).
+    pub fn se_channels(&self) -> u32 {
+        self.enc_se_channels.unwrap_or(128)
+    }
 }
 
 /// `talker_config`.
@@ -199,6 +233,74 @@ pub struct SpeechTokenizerConfig {
     pub encode_downsample_rate: u32,
     /// The code-to-waveform decoder.
     pub decoder_config: DecoderConfig,
+    /// The waveform-to-code encoder (Mimi), used for voice cloning; every released checkpoint
+    /// has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder_config: Option<EncoderConfig>,
+    /// Codebooks of the encoder's output kept (16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder_valid_num_quantizers: Option<u32>,
+}
+
+/// `speech_tokenizer/config.json` → `encoder_config`: a transformers `MimiConfig` (SEANet encoder,
+/// causal transformer, split RVQ). `sliding_window` is deliberately not read: the reference's
+/// eager attention ignores it and attends over the whole reference.
+#[derive(Deserialize, Serialize, Debug, Clone, PartialEq)]
+pub struct EncoderConfig {
+    /// Input rate (24000).
+    pub sampling_rate: u32,
+    /// Input channels (1).
+    pub audio_channels: u32,
+    /// Transformer width and SEANet output (512).
+    pub hidden_size: u32,
+    /// First SEANet width (64), doubled at each downsampling.
+    pub num_filters: u32,
+    /// Residual units per SEANet stage (1).
+    pub num_residual_layers: u32,
+    /// Downsampling ratios, walked in reverse by the encoder (`[8, 6, 5, 4]`).
+    pub upsampling_ratios: Vec<u32>,
+    /// First conv kernel (7).
+    pub kernel_size: u32,
+    /// Last conv kernel (3).
+    pub last_kernel_size: u32,
+    /// Residual unit kernel (3).
+    pub residual_kernel_size: u32,
+    /// Dilation growth of stacked residual units (2; one unit: dilation 1).
+    pub dilation_growth_rate: u32,
+    /// Causal convolutions (true).
+    pub use_causal_conv: bool,
+    /// Conv padding (`constant`).
+    pub pad_mode: String,
+    /// Residual unit bottleneck divisor (2).
+    pub compress: u32,
+    /// A 1×1 shortcut in residual units (false).
+    pub use_conv_shortcut: bool,
+    /// Codes per codebook (2048).
+    pub codebook_size: u32,
+    /// Codebook vector width (256).
+    pub codebook_dim: u32,
+    /// Codebooks computed by the reference (32; the first 16 are kept).
+    pub num_quantizers: u32,
+    /// Width of the RVQ input projections (256).
+    pub vector_quantization_hidden_dimension: u32,
+    /// Semantic codebooks (1).
+    pub num_semantic_quantizers: u32,
+    /// Transformer layers (8).
+    pub num_hidden_layers: u32,
+    /// Transformer MLP width (2048).
+    pub intermediate_size: u32,
+    /// Heads (8).
+    pub num_attention_heads: u32,
+    /// Key/value heads (8).
+    pub num_key_value_heads: u32,
+    /// Per-head width (64).
+    pub head_dim: u32,
+    /// MLP activation (`gelu`, the erf form).
+    pub hidden_act: String,
+    /// LayerNorm epsilon.
+    pub norm_eps: f64,
+    /// RoPE base.
+    pub rope_theta: f64,
 }
 
 /// `speech_tokenizer/config.json` → `decoder_config`.
@@ -481,6 +583,9 @@ impl CheckpointConfig {
                 format!("{:?}", self.tts.speaker_encoder_config.enc_dim),
             );
         }
+        if let Some(e) = &self.speech_tokenizer.encoder_config {
+            check_encoder(e, &self.speech_tokenizer, &st)?;
+        }
         let product: u32 = d
             .upsample_rates
             .iter()
@@ -511,6 +616,93 @@ impl CheckpointConfig {
         }
         Ok(())
     }
+}
+
+/// What the encoder's arithmetic (`crate::voice`) relies on: the released geometry's kinds of
+/// layer, with any widths and counts.
+fn check_encoder(e: &EncoderConfig, st: &SpeechTokenizerConfig, path: &Path) -> Result<(), ModelError> {
+    let bad = |field: &str, expected: &str, found: String| {
+        Err(ModelError::BadField {
+            path: path.into(),
+            field: format!("encoder_config.{field}"),
+            expected: expected.into(),
+            found,
+        })
+    };
+    let ratios: u32 = e.upsampling_ratios.iter().product();
+    if e.sampling_rate != st.input_sample_rate || e.audio_channels != 1 {
+        return bad(
+            "sampling_rate",
+            &format!("input_sample_rate ({}), one channel", st.input_sample_rate),
+            format!("{} Hz, {} channels", e.sampling_rate, e.audio_channels),
+        );
+    }
+    if ratios == 0 || ratios * 2 != st.encode_downsample_rate {
+        return bad(
+            "upsampling_ratios",
+            &format!(
+                "ratios whose product is half of encode_downsample_rate ({})",
+                st.encode_downsample_rate
+            ),
+            format!("{:?}", e.upsampling_ratios),
+        );
+    }
+    if !e.use_causal_conv || e.pad_mode != "constant" || e.use_conv_shortcut {
+        return bad(
+            "use_causal_conv",
+            "causal convs, pad_mode \"constant\", no conv shortcut",
+            format!(
+                "causal {}, pad_mode {:?}, shortcut {}",
+                e.use_causal_conv, e.pad_mode, e.use_conv_shortcut
+            ),
+        );
+    }
+    if e.num_residual_layers != 1 || e.compress == 0 || e.num_filters % e.compress != 0 {
+        return bad(
+            "num_residual_layers",
+            "1 residual unit per stage, num_filters a multiple of compress",
+            format!(
+                "{} units, num_filters {}, compress {}",
+                e.num_residual_layers, e.num_filters, e.compress
+            ),
+        );
+    }
+    if e.hidden_act != "gelu" {
+        return bad("hidden_act", "gelu", e.hidden_act.clone());
+    }
+    if e.num_attention_heads == 0
+        || e.num_key_value_heads != e.num_attention_heads
+        || e.head_dim % 2 != 0
+        || e.num_attention_heads * e.head_dim != e.hidden_size
+    {
+        return bad(
+            "num_attention_heads",
+            "heads × head_dim = hidden_size, as many key/value heads, an even head_dim",
+            format!(
+                "{} heads ({} kv) × {}, hidden {}",
+                e.num_attention_heads, e.num_key_value_heads, e.head_dim, e.hidden_size
+            ),
+        );
+    }
+    if e.codebook_dim != e.vector_quantization_hidden_dimension
+        || e.num_semantic_quantizers != 1
+        || e.num_quantizers < 16
+        || st.encoder_valid_num_quantizers.is_some_and(|n| n != 16)
+    {
+        return bad(
+            "codebook_dim",
+            "codebook_dim = vector_quantization_hidden_dimension, 1 semantic codebook, 16 kept of at least 16",
+            format!(
+                "{} / {}, {} semantic, {:?} kept of {}",
+                e.codebook_dim,
+                e.vector_quantization_hidden_dimension,
+                e.num_semantic_quantizers,
+                st.encoder_valid_num_quantizers,
+                e.num_quantizers
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// The five released 12 Hz checkpoints, whose configs this crate can write (`qtts random-model`).
@@ -602,6 +794,7 @@ impl Preset {
             SpeakerEncoderConfig {
                 enc_dim: Some(hidden),
                 sample_rate: Some(24000),
+                ..SpeakerEncoderConfig::default()
             }
         } else {
             SpeakerEncoderConfig::default()
@@ -701,6 +894,36 @@ impl Preset {
                     max_position_embeddings: 8000,
                     layer_scale_initial_scale: 0.01,
                 },
+                encoder_config: Some(EncoderConfig {
+                    sampling_rate: 24000,
+                    audio_channels: 1,
+                    hidden_size: 512,
+                    num_filters: 64,
+                    num_residual_layers: 1,
+                    upsampling_ratios: vec![8, 6, 5, 4],
+                    kernel_size: 7,
+                    last_kernel_size: 3,
+                    residual_kernel_size: 3,
+                    dilation_growth_rate: 2,
+                    use_causal_conv: true,
+                    pad_mode: "constant".into(),
+                    compress: 2,
+                    use_conv_shortcut: false,
+                    codebook_size: 2048,
+                    codebook_dim: 256,
+                    num_quantizers: 32,
+                    vector_quantization_hidden_dimension: 256,
+                    num_semantic_quantizers: 1,
+                    num_hidden_layers: 8,
+                    intermediate_size: 2048,
+                    num_attention_heads: 8,
+                    num_key_value_heads: 8,
+                    head_dim: 64,
+                    hidden_act: "gelu".into(),
+                    norm_eps: 1e-5,
+                    rope_theta: 1e4,
+                }),
+                encoder_valid_num_quantizers: Some(16),
             },
         }
     }

@@ -368,9 +368,10 @@ fn mmproj_metadata(ckpt: &Checkpoint, ty: OutType) -> Result<Plan, ModelError> {
             "clip.audio.projector_type",
             Value::Str("qwen3tts_spkenc".into()),
         );
-        p.set("clip.audio.embedding_length", Value::U32(1536));
+        let mfa = 3 * ckpt.config.tts.speaker_encoder_config.channels();
+        p.set("clip.audio.embedding_length", Value::U32(mfa));
         p.set("clip.audio.attention.head_count", Value::U32(1));
-        p.set("clip.audio.feed_forward_length", Value::U32(1536));
+        p.set("clip.audio.feed_forward_length", Value::U32(mfa));
         p.set("clip.audio.block_count", Value::U32(3));
         p.set("clip.audio.projection_dim", Value::U32(enc_dim));
         p.set("clip.audio.attention.layer_norm_epsilon", Value::F32(1e-5));
@@ -493,11 +494,11 @@ pub fn source_values(ckpt: &Checkpoint, t: &OutTensor) -> Result<Vec<f32>, Model
             }
             v
         }
-        Source::Codebooks(prefixes) => {
+        Source::Codebooks(pairs) => {
             let mut v = Vec::new();
-            for p in prefixes {
-                let sum = ckpt.f32(&format!("{p}.embedding_sum"))?;
-                let usage = ckpt.f32(&format!("{p}.cluster_usage"))?;
+            for (sum, usage) in pairs {
+                let sum = ckpt.f32(sum)?;
+                let usage = ckpt.f32(usage)?;
                 let dim = sum.len() / usage.len().max(1);
                 for (row, &u) in sum.chunks_exact(dim).zip(&usage) {
                     let u = u.max(1e-5);

@@ -23,8 +23,8 @@ pub enum Source {
     Copy(String),
     /// Several equal-shape checkpoint tensors, concatenated (PyTorch `torch.stack`).
     Stack(Vec<String>),
-    /// Codebooks: `<prefix>.embedding_sum / clamp(<prefix>.cluster_usage, 1e-5)`, stacked.
-    Codebooks(Vec<String>),
+    /// Codebooks: `sum / clamp(usage, 1e-5)` for each `(sum, usage)` pair of tensors, stacked.
+    Codebooks(Vec<(String, String)>),
     /// SnakeBeta `alpha`, stored as `exp(alpha)`.
     SnakeAlpha(String),
     /// SnakeBeta `beta`, stored as `1 / (exp(beta) + 1e-9)`.
@@ -52,6 +52,10 @@ pub enum Role {
     Conv,
     /// A transposed decoder convolution: always f32 (llama.cpp transposes it at run time).
     ConvTranspose,
+    /// A weight of the speech tokenizer's encoder (voice cloning; `qtts.enc.*`, read by this
+    /// crate only): f16, or f32 when f32 is requested. The released weights are bf16, which f16
+    /// holds exactly in its normal range.
+    EncoderWeight,
     /// A decoder matrix (a Linear or a 1×1 conv): f16, or f32 when f32 is requested, whatever
     /// the type asked for the talker and the code predictor. The decoder's error is heard as it
     /// is: at q4_K its waveform was 8.5 dB from f32, against 32 dB for bf16 from f16, for 3 % of
@@ -77,8 +81,12 @@ impl OutTensor {
     pub fn storage_type(&self, requested: GgmlType) -> GgmlType {
         match self.role {
             Role::Vector | Role::Small | Role::ConvTranspose => GgmlType::F32,
-            Role::Conv | Role::DecoderMatrix if requested == GgmlType::F32 => GgmlType::F32,
-            Role::Conv | Role::DecoderMatrix => GgmlType::F16,
+            Role::Conv | Role::DecoderMatrix | Role::EncoderWeight
+                if requested == GgmlType::F32 =>
+            {
+                GgmlType::F32
+            }
+            Role::Conv | Role::DecoderMatrix | Role::EncoderWeight => GgmlType::F16,
             Role::Matrix | Role::Table => {
                 let coarse = !matches!(requested, GgmlType::F32 | GgmlType::F16);
                 let requested = if self.role == Role::Table && coarse {
@@ -176,15 +184,16 @@ impl Out<'_> {
         });
     }
 
-    fn codebooks(&mut self, name: &str, prefixes: Vec<String>) {
-        let mut ne = self.shape(&format!("{}.embedding_sum", prefixes[0]));
-        if prefixes.len() > 1 {
-            ne.push(prefixes.len() as u64);
+    /// Stacked codebooks from `(embedding sum, usage)` tensor pairs.
+    fn codebooks(&mut self, name: &str, pairs: Vec<(String, String)>) {
+        let mut ne = self.shape(&pairs[0].0);
+        if pairs.len() > 1 {
+            ne.push(pairs.len() as u64);
         }
         self.list.push(OutTensor {
             name: name.into(),
             ne,
-            source: Source::Codebooks(prefixes),
+            source: Source::Codebooks(pairs),
             role: Role::Small,
         });
     }
@@ -329,10 +338,13 @@ pub fn layout(cfg: &CheckpointConfig, specs: &[Spec]) -> Layout {
             format!("{q}.{h}.output_proj.weight"),
             Role::DecoderMatrix,
         );
-        let prefixes = (0..n)
-            .map(|k| format!("{q}.{h}.vq.layers.{k}._codebook"))
+        let pairs = (0..n)
+            .map(|k| {
+                let p = format!("{q}.{h}.vq.layers.{k}._codebook");
+                (format!("{p}.embedding_sum"), format!("{p}.cluster_usage"))
+            })
             .collect();
-        o.codebooks(&format!("{w}.codebook.weight"), prefixes);
+        o.codebooks(&format!("{w}.codebook.weight"), pairs);
     }
     o.conv("a.gen.wav.pre_conv", "decoder.pre_conv.conv", Role::Conv);
     let p = "decoder.pre_transformer";
@@ -462,8 +474,77 @@ pub fn layout(cfg: &CheckpointConfig, specs: &[Spec]) -> Layout {
         o.conv("a.asp_attn", &format!("{s}.asp.conv"), Role::Small);
         o.conv("mm.a.fc", &format!("{s}.fc"), Role::Small);
     }
+    // The speech tokenizer's encoder (Base models), under a prefix llama.cpp does not read.
+    if cfg.tts.tts_model_type == ModelType::Base {
+        if let Some(e) = &cfg.speech_tokenizer.encoder_config {
+            codec_encoder(&mut o, e);
+        }
+    }
     Layout {
         talker,
         mmproj: o.list,
+    }
+}
+
+/// Prefix of the speech tokenizer's encoder in the mmproj (voice cloning, `crate::voice`).
+pub const ENCODER_PREFIX: &str = "qtts.enc";
+
+/// The codec encoder's tensors (`checkpoint::codec_encoder_tensors`): SEANet convs
+/// `qtts.enc.conv.{i}` and residual units `qtts.enc.res.{i}.{c1,c2}` (i: the checkpoint's layer
+/// index), transformer layers `qtts.enc.blk.{l}.*`, `qtts.enc.down`, and per RVQ half
+/// (`sem`, `ac`) its input projection and its codebooks as `E = sum / clamp(usage, 1e-5)`.
+fn codec_encoder(o: &mut Out<'_>, e: &super::config::EncoderConfig) {
+    let (g, h) = (ENCODER_PREFIX, "encoder.encoder.layers");
+    let w = Role::EncoderWeight;
+    o.conv(&format!("{g}.conv.0"), &format!("{h}.0.conv"), w);
+    let mut i = 1;
+    for _ in &e.upsampling_ratios {
+        o.conv(&format!("{g}.res.{i}.c1"), &format!("{h}.{i}.block.1.conv"), w);
+        o.conv(&format!("{g}.res.{i}.c2"), &format!("{h}.{i}.block.3.conv"), w);
+        o.conv(&format!("{g}.conv.{}", i + 2), &format!("{h}.{}.conv", i + 2), w);
+        i += 3;
+    }
+    o.conv(&format!("{g}.conv.{}", i + 1), &format!("{h}.{}.conv", i + 1), w);
+    for l in 0..e.num_hidden_layers {
+        let (b, t) = (
+            format!("{g}.blk.{l}"),
+            format!("encoder.encoder_transformer.layers.{l}"),
+        );
+        for (gn, hn) in [("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")] {
+            o.copy(format!("{b}.{gn}.weight"), format!("{t}.{hn}.weight"), Role::Vector);
+            o.copy(format!("{b}.{gn}.bias"), format!("{t}.{hn}.bias"), Role::Vector);
+        }
+        for (gn, hn) in [
+            ("attn_q", "self_attn.q_proj"),
+            ("attn_k", "self_attn.k_proj"),
+            ("attn_v", "self_attn.v_proj"),
+            ("attn_out", "self_attn.o_proj"),
+            ("fc1", "mlp.fc1"),
+            ("fc2", "mlp.fc2"),
+        ] {
+            o.copy(format!("{b}.{gn}.weight"), format!("{t}.{hn}.weight"), w);
+        }
+        o.copy(
+            format!("{b}.attn_scale"),
+            format!("{t}.self_attn_layer_scale.scale"),
+            Role::Vector,
+        );
+        o.copy(
+            format!("{b}.mlp_scale"),
+            format!("{t}.mlp_layer_scale.scale"),
+            Role::Vector,
+        );
+    }
+    o.copy(format!("{g}.down.weight"), "encoder.downsample.conv.weight", w);
+    for (gn, rvq, n) in [("sem", "semantic", 1), ("ac", "acoustic", 15)] {
+        let q = format!("encoder.quantizer.{rvq}_residual_vector_quantizer");
+        o.copy(format!("{g}.{gn}.proj.weight"), format!("{q}.input_proj.weight"), w);
+        let pairs = (0..n)
+            .map(|k| {
+                let p = format!("{q}.layers.{k}.codebook");
+                (format!("{p}.embed_sum"), format!("{p}.cluster_usage"))
+            })
+            .collect();
+        o.codebooks(&format!("{g}.{gn}.codebook"), pairs);
     }
 }

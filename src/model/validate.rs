@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use super::config::{parse_json, Preset, SpeechTokenizerConfig};
+use super::config::{parse_json, EncoderConfig, Preset, SpeechTokenizerConfig};
 use super::convert::KEY_HF_SPEECH_TOKENIZER;
 use crate::error::ModelError;
 use crate::ffi::{Role, Validated};
@@ -549,6 +549,72 @@ pub fn check_mmproj(path: &Path, h: &Header) -> Result<(), ModelError> {
             v => return Err(c.bad_key("clip.has_audio_encoder", "bool", v.type_name())),
         }
     }
+
+    // The speech tokenizer's encoder (voice cloning), when the file carries it.
+    let enc = crate::model::layout::ENCODER_PREFIX;
+    if h.tensor(&format!("{enc}.conv.0.weight")).is_some() {
+        match &st.encoder_config {
+            Some(e) => check_codec_encoder(&c, e)?,
+            None => {
+                return Err(c.bad_key(
+                    KEY_HF_SPEECH_TOKENIZER,
+                    "a speech tokenizer config with encoder_config (the file has encoder tensors)",
+                    "none",
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The codec encoder's tensors (`layout::codec_encoder`) against the carried `encoder_config`.
+fn check_codec_encoder(c: &Check<'_>, e: &EncoderConfig) -> Result<(), ModelError> {
+    const W: &[GgmlType] = &[GgmlType::F32, GgmlType::F16];
+    let g = crate::model::layout::ENCODER_PREFIX;
+    let conv = |name: &str, k: u64, cin: u64, cout: u64| -> Result<(), ModelError> {
+        c.tensor(&format!("{name}.weight"), &[k, cin, cout], W)?;
+        c.vector(&format!("{name}.bias"), cout)
+    };
+    let mut ch = e.num_filters as u64;
+    conv(&format!("{g}.conv.0"), e.kernel_size as u64, 1, ch)?;
+    let mut i = 1;
+    for &r in e.upsampling_ratios.iter().rev() {
+        let hidden = ch / e.compress as u64;
+        conv(
+            &format!("{g}.res.{i}.c1"),
+            e.residual_kernel_size as u64,
+            ch,
+            hidden,
+        )?;
+        conv(&format!("{g}.res.{i}.c2"), 1, hidden, ch)?;
+        conv(&format!("{g}.conv.{}", i + 2), 2 * r as u64, ch, 2 * ch)?;
+        ch *= 2;
+        i += 3;
+    }
+    let h = e.hidden_size as u64;
+    conv(&format!("{g}.conv.{}", i + 1), e.last_kernel_size as u64, ch, h)?;
+    for l in 0..e.num_hidden_layers {
+        let b = format!("{g}.blk.{l}");
+        for n in ["ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "attn_scale", "mlp_scale"] {
+            c.vector(&format!("{b}.{n}"), h)?;
+        }
+        for n in ["attn_q", "attn_k", "attn_v", "attn_out"] {
+            c.tensor(&format!("{b}.{n}.weight"), &[h, h], W)?;
+        }
+        let ff = e.intermediate_size as u64;
+        c.tensor(&format!("{b}.fc1.weight"), &[h, ff], W)?;
+        c.tensor(&format!("{b}.fc2.weight"), &[ff, h], W)?;
+    }
+    c.tensor(&format!("{g}.down.weight"), &[4, h, h], W)?;
+    let (d, n) = (
+        e.vector_quantization_hidden_dimension as u64,
+        e.codebook_size as u64,
+    );
+    for (half, levels) in [("sem", None), ("ac", Some(15))] {
+        c.tensor(&format!("{g}.{half}.proj.weight"), &[1, h, d], W)?;
+        let ne: Vec<u64> = [d, n].into_iter().chain(levels).collect();
+        c.tensor(&format!("{g}.{half}.codebook"), &ne, &[GgmlType::F32])?;
+    }
     Ok(())
 }
 
@@ -680,7 +746,26 @@ fn check_speaker_encoder(c: &Check<'_>, n_talker: u64) -> Result<(), ModelError>
         c.optional_type(&format!("clip.audio.{key}"), "u32")?;
     }
     let any: &[GgmlType] = &[];
-    let (ch, mel) = (512u64, c.u32("clip.audio.num_mel_bins")?);
+    // Widths from the tensors, as llama.cpp reads them: C (512 released), SE and attention
+    // bottlenecks (128).
+    let width = |name: &str| -> Result<u64, ModelError> {
+        c.ne(name)?.get(2).copied().ok_or_else(|| ModelError::WrongShape {
+            path: c.path.into(),
+            tensor: name.into(),
+            expected: vec![0, 0, 0],
+            found: c.ne(name).map(|n| n.to_vec()).unwrap_or_default(),
+        })
+    };
+    let (ch, mel) = (width("a.conv1d.0.weight")?, c.u32("clip.audio.num_mel_bins")?);
+    let (se, att) = (width("a.blk.1.se_conv1.weight")?, width("a.asp_tdnn.weight")?);
+    if ch == 0 || !ch.is_multiple_of(8) || se == 0 || att == 0 {
+        return Err(ModelError::WrongShape {
+            path: c.path.into(),
+            tensor: "a.conv1d.0.weight".into(),
+            expected: vec![5, mel, 512],
+            found: c.ne("a.conv1d.0.weight")?.to_vec(),
+        });
+    }
     c.tensor("a.conv1d.0.weight", &[5, mel, ch], any)?;
     c.vector("a.conv1d.0.bias", ch)?;
     for b in 1..4 {
@@ -688,8 +773,8 @@ fn check_speaker_encoder(c: &Check<'_>, n_talker: u64) -> Result<(), ModelError>
         for (name, ne) in [
             ("conv_pw1", [1, ch, ch]),
             ("conv_pw2", [1, ch, ch]),
-            ("se_conv1", [1, ch, 128]),
-            ("se_conv2", [1, 128, ch]),
+            ("se_conv1", [1, ch, se]),
+            ("se_conv2", [1, se, ch]),
         ] {
             c.tensor(&format!("{p}.{name}.weight"), &ne, any)?;
             c.vector(&format!("{p}.{name}.bias"), ne[2])?;
@@ -701,8 +786,8 @@ fn check_speaker_encoder(c: &Check<'_>, n_talker: u64) -> Result<(), ModelError>
     }
     for (name, ne) in [
         ("a.conv_out", [1, 3 * ch, 3 * ch]),
-        ("a.asp_tdnn", [1, 9 * ch, 128]),
-        ("a.asp_attn", [1, 128, 3 * ch]),
+        ("a.asp_tdnn", [1, 9 * ch, att]),
+        ("a.asp_attn", [1, att, 3 * ch]),
         ("mm.a.fc", [1, 6 * ch, n_talker]),
     ] {
         c.tensor(&format!("{name}.weight"), &ne, any)?;

@@ -125,11 +125,8 @@ fn f32_conversion_reads_back_exactly() {
                     Source::Stack(hfs) => hfs.iter().flat_map(|h| src[h].clone()).collect(),
                     Source::Codebooks(ps) => ps
                         .iter()
-                        .flat_map(|p| {
-                            let (sum, usage) = (
-                                &src[&format!("{p}.embedding_sum")],
-                                &src[&format!("{p}.cluster_usage")],
-                            );
+                        .flat_map(|(sum, usage)| {
+                            let (sum, usage) = (&src[sum], &src[usage]);
                             let dim = sum.len() / usage.len();
                             (0..sum.len())
                                 .map(move |i| sum[i] / usage[i / dim].max(1e-5))

@@ -29,6 +29,7 @@ mod sampling;
 mod split;
 mod talker;
 mod tokenizer;
+mod voice;
 mod worker;
 
 /// `crate::sync` for the lock-free files the loom models compile (`handoff_model`): loom's atomics.

@@ -464,6 +464,7 @@ pub unsafe extern "C" fn qtts_synthesize(
             language,
             instruct,
             xvector: None,
+            reference: None,
         };
         request.seed = r.seed;
         request.max_frames = (r.max_frames > 0).then_some(r.max_frames as usize);

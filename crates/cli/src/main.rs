@@ -338,6 +338,7 @@ fn requests(
             language: args.language.clone(),
             instruct: args.instruct.clone(),
             xvector,
+            reference: None,
         },
         mode: args.text_mode,
         sampling: None,

@@ -131,6 +131,7 @@ impl Engine {
             language,
             instruct,
             xvector: None,
+            reference: None,
         };
         req.seed = seed;
         req.max_frames = max_frames;

@@ -131,6 +131,7 @@ impl Voices {
                     language,
                     instruct: p.instruct,
                     xvector: p.xvector,
+                    reference: None,
                 },
             );
         }
