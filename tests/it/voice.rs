@@ -123,3 +123,206 @@ fn codec_encoder_stages_and_codes_match_the_oracle() {
         }
     }
 }
+
+#[test]
+fn speaker_encoder_stages_match_the_oracle() {
+    let (_tmp, f) = mmproj();
+    let enc = SpeakerEncoder::load(&f).unwrap().expect("a Base mmproj has the speaker encoder");
+    let o = oracle("speaker_encoder");
+    assert_eq!(enc.dim(), o["xvector"].len());
+    let basis = qtts::voice::mel::MelFrontEnd::new();
+    let eb = common::max_abs(basis.basis(), &o["mel_basis"]);
+    assert!(eb < 1e-7, "mel basis {eb:e}");
+    for threads in [1, 2] {
+        let mut trace = Trace::new();
+        let xv = enc.embed(&o["wav_24k"], threads, Some(&mut trace));
+        for (name, v, width) in &trace {
+            let want = &o[name];
+            if name == "log_mel" {
+                // Absolute, where the mel is clear of the 1e-5 floor (ln 1e-3 ≈ −6.9).
+                let mut err = 0.0f32;
+                for (a, b) in v.iter().zip(want) {
+                    let tol = if *b >= (1e-3f32).ln() { 1e-3 } else { 2e-2 };
+                    assert!((a - b).abs() <= tol, "log_mel {a} vs {b}");
+                    err = err.max((a - b).abs());
+                }
+                eprintln!("speaker log_mel: {err:.2e} absolute");
+                continue;
+            }
+            let channel_major = name.starts_with("spk.blocks.") && !name.ends_with("se_gate")
+                || name == "spk.mfa"
+                || name == "spk.asp.attn_logits";
+            let err = stage_error(v, *width, want, channel_major);
+            if threads == 2 {
+                eprintln!("speaker {name}: {err:.2e} of peak");
+            }
+            assert!(err <= 1e-4, "threads {threads} {name}: {err:e} of peak");
+        }
+        assert_eq!(trace.len(), 24, "every stage traced");
+        let cos = {
+            let w = &o["xvector"];
+            let dot: f32 = xv.iter().zip(w).map(|(a, b)| a * b).sum();
+            let n = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            dot / (n(&xv) * n(w))
+        };
+        assert!(cos >= 0.99999, "x-vector cosine {cos}");
+    }
+}
+
+/// The ICL prompt (both text modes, both streaming branches) and the x-vector-only prompt built
+/// from the oracle's reference codes and x-vector: prefill and step inputs within 1e-5, raw
+/// talker logits within 1e-4, greedy codes exact; then the decoder primed with the reference
+/// gives the official output after its cut.
+#[test]
+fn cloned_generation_reproduces_the_oracle() {
+    use qtts::code_predictor::CodePredictor;
+    use qtts::decoder::Decoder;
+    use qtts::ffi::Threadpool;
+    use qtts::sampling::SamplingParams;
+    use qtts::synth::{generate_codes, Flow};
+    use qtts::talker::{GenOptions, IclReference, Next, Session, Talker, TextInput, TextMode, Voice};
+
+    let (_tmp, out) = common::convert_tiny("voice", OutType::F32);
+    let talker = Talker::load(&out.talker).unwrap();
+    let mm = GgufFile::open(&out.mmproj).unwrap();
+    let mut cp = CodePredictor::load(&mm).unwrap();
+    let mut dec = Decoder::load(&mm).unwrap();
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let h = talker.n_embd();
+    let greedy = |frames| GenOptions {
+        sampling: SamplingParams::GREEDY,
+        repetition_penalty: 1.05,
+        seed: 0,
+        max_frames: Some(frames),
+        min_frames: qtts::talker::MIN_FRAMES,
+    };
+    let frames16 = |v: &[f32]| -> Vec<[u32; 16]> {
+        v.chunks_exact(16)
+            .map(|c| std::array::from_fn(|k| c[k] as u32))
+            .collect()
+    };
+    for (case, mode, icl) in [
+        ("icl_stream", TextMode::Streaming, true),
+        ("icl_stream_longtext", TextMode::Streaming, true),
+        ("icl_nonstream", TextMode::NonStreaming, true),
+        ("xvec_stream", TextMode::Streaming, false),
+        ("xvec_nonstream", TextMode::NonStreaming, false),
+    ] {
+        let o = oracle(case);
+        let ids: Vec<u32> = o["input_ids"].iter().map(|&x| x as u32).collect();
+        let mut voice = Voice {
+            language: Some("english".into()),
+            xvector: Some(o["xvector"].clone()),
+            ..Voice::default()
+        };
+        let ref_codes = if icl { frames16(&o["ref_code"]) } else { Vec::new() };
+        if icl {
+            let ref_ids: Vec<u32> = o["ref_ids"].iter().map(|&x| x as u32).collect();
+            let mut embedded = vec![0.0; ref_codes.len() * h];
+            for (f, row) in ref_codes.iter().zip(embedded.chunks_exact_mut(h)) {
+                cp.embed_frame(f, row).unwrap();
+            }
+            voice.reference = Some(std::sync::Arc::new(IclReference {
+                text_ids: ref_ids[3..ref_ids.len() - 2].to_vec(),
+                codes: ref_codes.clone(),
+                embedded,
+            }));
+        }
+        let prompt = talker.prompt(&TextInput::TokenIds(ids), &voice, mode).unwrap();
+        let ep = common::max_abs(&prompt.rows, &o["prefill_embeds"]);
+        let codes = &o["codes"];
+        let frames = codes.len() / 16;
+
+        let mut session = Session::new(&talker, 256, 1, None, true).unwrap();
+        let mut next = session.start(&prompt, &greedy(frames + 1)).unwrap();
+        let (mut logits, mut steps, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+        let mut embedded = vec![0.0; h];
+        for f in 0..frames {
+            logits.extend_from_slice(session.raw_logits().unwrap());
+            let Next::Code(c0) = next else {
+                panic!("{case}: stopped at frame {f}: {next:?}")
+            };
+            let rest = cp
+                .frame(&pool, session.hidden(), c0, &mut |_, l| qtts::sampling::argmax(l), None)
+                .unwrap();
+            let mut frame = [c0; 16];
+            frame[1..].copy_from_slice(&rest);
+            ours.extend(frame.iter().map(|&c| c as f32));
+            cp.embed_frame(&frame, &mut embedded).unwrap();
+            next = session.feed(&embedded).unwrap();
+            steps.extend_from_slice(session.last_input());
+        }
+        logits.extend_from_slice(session.raw_logits().unwrap());
+        let n_steps = o["step_embeds"].len();
+        let es = common::max_abs(&steps[..n_steps], &o["step_embeds"]);
+        let el = common::max_abs(&logits, &o["talker_logits_raw"]);
+        eprintln!("{case}: prefill {ep:.2e}, steps {es:.2e}, talker logits {el:.2e}");
+        assert!(ep < 1e-5 && es < 1e-5 && el < 1e-4, "{case}");
+        assert_eq!(&ours, codes, "{case}: codes");
+
+        // The whole loop.
+        let mut got = Vec::new();
+        generate_codes(
+            &mut session,
+            &mut cp,
+            &pool,
+            &prompt,
+            &greedy(frames),
+            &SamplingParams::GREEDY,
+            &mut |c| {
+                got.extend(c.iter().map(|&c| c as f32));
+                Flow::Continue
+            },
+        )
+        .unwrap();
+        assert_eq!(&got, codes, "{case}: generate_codes");
+
+        // The waveform: the decoder primed with the reference, then the generated frames.
+        dec.reset().unwrap();
+        dec.prime(&pool, &ref_codes).unwrap();
+        let gen = frames16(codes);
+        let mut wav = vec![0.0; gen.len() * 1920];
+        dec.decode_frames(&pool, &gen, &mut wav).unwrap();
+        let ew = common::max_abs(&wav, &o["wav"]);
+        eprintln!("{case}: waveform {ew:.2e}");
+        assert!(ew < 1e-4, "{case}: waveform {ew:e}");
+        if icl {
+            assert_eq!(o["cut"][0] as usize, ref_codes.len() * 1920, "{case}: the cut is whole frames");
+        }
+    }
+}
+
+/// A decoder primed with 70 reference frames, directly or from a snapshot of that state, decodes
+/// the next 12 as the tail of the official one-shot decode of all 82.
+#[test]
+fn a_primed_decoder_continues_the_one_shot_decode() {
+    use qtts::decoder::Decoder;
+    use qtts::ffi::Threadpool;
+    let (_tmp, f) = mmproj();
+    let o = oracle("decoder_primed");
+    let frames = |v: &[f32]| -> Vec<[u32; 16]> {
+        v.chunks_exact(16)
+            .map(|c| std::array::from_fn(|k| c[k] as u32))
+            .collect()
+    };
+    let (r, g) = (frames(&o["ref_codes"]), frames(&o["gen_codes"]));
+    let want = &o["wav_full"][r.len() * 1920..];
+    let pool = Threadpool::new(1, &[]).unwrap();
+    let mut dec = Decoder::load(&f).unwrap();
+    dec.prime(&pool, &r).unwrap();
+    let snapshot = dec.state().unwrap();
+    assert_eq!(snapshot.frames(), r.len());
+    let mut wav = vec![0.0; g.len() * 1920];
+    dec.decode_frames(&pool, &g, &mut wav).unwrap();
+    let e = common::max_abs(&wav, want);
+    eprintln!("primed decode: {e:.2e}");
+    assert!(e < 1e-4, "primed: {e:e}");
+    // Another stream, then the snapshot: the same samples.
+    dec.reset().unwrap();
+    dec.decode_frames(&pool, &g, &mut wav).unwrap();
+    assert!(common::max_abs(&wav, want) > 1e-3, "a cold decoder differs (the test can fail)");
+    dec.restore(&snapshot).unwrap();
+    let mut again = vec![0.0; g.len() * 1920];
+    dec.decode_frames(&pool, &g, &mut again).unwrap();
+    assert!(common::max_abs(&again, want) < 1e-4);
+}
