@@ -594,7 +594,11 @@ impl Decoder {
     /// goes on from them, so the next frames decode as the tail of `reference ++ frames` does
     /// (the reference's `decode(ref_code ++ codes)` then the cut). Decodes every given frame:
     /// snapshot the result ([`Decoder::state`]) to prime again for free.
-    pub fn prime(&mut self, pool: &Threadpool, codes: &[[u32; CODEBOOKS]]) -> Result<(), DecoderError> {
+    pub fn prime(
+        &mut self,
+        pool: &Threadpool,
+        codes: &[[u32; CODEBOOKS]],
+    ) -> Result<(), DecoderError> {
         let spf = self.geometry.samples_per_frame;
         let mut scratch = vec![0.0f32; self.max_chunk().min(codes.len().max(1)) * spf];
         for chunk in codes.chunks(self.max_chunk()) {

@@ -60,6 +60,7 @@ pub(super) fn run(
     let chunk = cfg.decoder_chunk.max(1);
     let mut pcm = vec![0.0f32; chunk * FRAME_SAMPLES];
     let mut active: Option<Active> = None;
+    let mut primed = super::prime::PrimeCache::default();
     let mut metrics = Metrics::default();
     loop {
         let t = Instant::now();
@@ -87,10 +88,10 @@ pub(super) fn run(
                     summary: Summary::empty(),
                 });
             }
-            DecoderMsg::SegmentStart => {
+            DecoderMsg::SegmentStart(reference) => {
                 if let Some(a) = active.as_mut() {
-                    if let Err(e) = voc.reset() {
-                        a.error.get_or_insert(e.into());
+                    if let Err(e) = primed.start(&mut voc, &pool, reference.as_ref()) {
+                        a.error.get_or_insert(e);
                     }
                     a.pending.clear();
                     a.chunk = 1;

@@ -38,6 +38,7 @@ mod config;
 mod decoder_thread;
 mod error;
 mod plan;
+mod prime;
 mod protocol;
 pub mod serial;
 mod stream;

@@ -78,7 +78,8 @@ pub(super) enum DecoderMsg {
         keep_codes: bool,
         done: Sender<Finished>,
     },
-    SegmentStart,
+    /// A new utterance; with a cloned voice's reference, the decoder is primed with it.
+    SegmentStart(Option<Arc<crate::talker::IclReference>>),
     Frame([u32; 16]),
     /// An utterance's first frame, sent with the burst on: decoded on every core while the code
     /// predictor waits (so the talker does too), then acknowledged on the first-frame channel.

@@ -24,6 +24,7 @@ pub struct Serial {
     voc: Decoder,
     pool: Threadpool,
     config: EngineConfig,
+    primed: super::prime::PrimeCache,
 }
 
 impl Serial {
@@ -46,6 +47,7 @@ impl Serial {
             voc,
             pool: Threadpool::new(threads.max(1), &[])?,
             config,
+            primed: super::prime::PrimeCache::default(),
         })
     }
 
@@ -70,7 +72,8 @@ impl Serial {
         let mut non_finite = 0;
         sink.begin()?;
         for u in utterances {
-            self.voc.reset()?;
+            self.primed
+                .start(&mut self.voc, &self.pool, req.voice.reference.as_ref())?;
             let mut pending: Vec<[u32; 16]> = Vec::with_capacity(chunk);
             let mut target = 1;
             let mut failed = None;

@@ -158,7 +158,7 @@ fn run_job(
             continue;
         }
         dec_tx
-            .send(DecoderMsg::SegmentStart)
+            .send(DecoderMsg::SegmentStart(req.voice.reference.clone()))
             .map_err(|_| gone("decoder"))?;
         let t = Instant::now();
         let mut next = session.start(&u.prompt, &u.opts);

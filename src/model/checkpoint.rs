@@ -319,7 +319,10 @@ pub fn expected_tensors(cfg: &CheckpointConfig) -> Vec<Spec> {
     s.conv(&format!("decoder.decoder.{}.conv", n + 1), 1, c_in, 7);
     out.extend(s.0);
     if let Some(e) = cfg.tts.speaker_encoder_config.enc_dim {
-        out.extend(speaker_encoder_tensors(&cfg.tts.speaker_encoder_config, e as u64));
+        out.extend(speaker_encoder_tensors(
+            &cfg.tts.speaker_encoder_config,
+            e as u64,
+        ));
     }
     if cfg.tts.tts_model_type == ModelType::Base {
         if let Some(e) = &cfg.speech_tokenizer.encoder_config {
@@ -354,7 +357,12 @@ pub fn codec_encoder_tensors(e: &EncoderConfig) -> Vec<Spec> {
     }
     let h = e.hidden_size as u64;
     // Layer i is the ELU before the last conv.
-    s.conv(&format!("{p}.{}.conv", i + 1), h, c, e.last_kernel_size as u64);
+    s.conv(
+        &format!("{p}.{}.conv", i + 1),
+        h,
+        c,
+        e.last_kernel_size as u64,
+    );
     for l in 0..e.num_hidden_layers {
         let t = format!("encoder.encoder_transformer.layers.{l}");
         for n in ["input_layernorm", "post_attention_layernorm"] {
@@ -367,10 +375,18 @@ pub fn codec_encoder_tensors(e: &EncoderConfig) -> Vec<Spec> {
         let ff = e.intermediate_size as u64;
         s.linear(&format!("{t}.mlp.fc1"), ff, h, false);
         s.linear(&format!("{t}.mlp.fc2"), h, ff, false);
-        s.add(format!("{t}.self_attn_layer_scale.scale"), &[h], Init::Scale);
+        s.add(
+            format!("{t}.self_attn_layer_scale.scale"),
+            &[h],
+            Init::Scale,
+        );
         s.add(format!("{t}.mlp_layer_scale.scale"), &[h], Init::Scale);
     }
-    s.add("encoder.downsample.conv.weight", &[h, h, 4], Init::FanIn(h * 4));
+    s.add(
+        "encoder.downsample.conv.weight",
+        &[h, h, 4],
+        Init::FanIn(h * 4),
+    );
     let d = e.vector_quantization_hidden_dimension as u64;
     for (rvq, n) in [("semantic", 1), ("acoustic", 15)] {
         let q = format!("encoder.quantizer.{rvq}_residual_vector_quantizer");

@@ -620,7 +620,11 @@ impl CheckpointConfig {
 
 /// What the encoder's arithmetic (`crate::voice`) relies on: the released geometry's kinds of
 /// layer, with any widths and counts.
-fn check_encoder(e: &EncoderConfig, st: &SpeechTokenizerConfig, path: &Path) -> Result<(), ModelError> {
+fn check_encoder(
+    e: &EncoderConfig,
+    st: &SpeechTokenizerConfig,
+    path: &Path,
+) -> Result<(), ModelError> {
     let bad = |field: &str, expected: &str, found: String| {
         Err(ModelError::BadField {
             path: path.into(),

@@ -499,20 +499,47 @@ fn codec_encoder(o: &mut Out<'_>, e: &super::config::EncoderConfig) {
     o.conv(&format!("{g}.conv.0"), &format!("{h}.0.conv"), w);
     let mut i = 1;
     for _ in &e.upsampling_ratios {
-        o.conv(&format!("{g}.res.{i}.c1"), &format!("{h}.{i}.block.1.conv"), w);
-        o.conv(&format!("{g}.res.{i}.c2"), &format!("{h}.{i}.block.3.conv"), w);
-        o.conv(&format!("{g}.conv.{}", i + 2), &format!("{h}.{}.conv", i + 2), w);
+        o.conv(
+            &format!("{g}.res.{i}.c1"),
+            &format!("{h}.{i}.block.1.conv"),
+            w,
+        );
+        o.conv(
+            &format!("{g}.res.{i}.c2"),
+            &format!("{h}.{i}.block.3.conv"),
+            w,
+        );
+        o.conv(
+            &format!("{g}.conv.{}", i + 2),
+            &format!("{h}.{}.conv", i + 2),
+            w,
+        );
         i += 3;
     }
-    o.conv(&format!("{g}.conv.{}", i + 1), &format!("{h}.{}.conv", i + 1), w);
+    o.conv(
+        &format!("{g}.conv.{}", i + 1),
+        &format!("{h}.{}.conv", i + 1),
+        w,
+    );
     for l in 0..e.num_hidden_layers {
         let (b, t) = (
             format!("{g}.blk.{l}"),
             format!("encoder.encoder_transformer.layers.{l}"),
         );
-        for (gn, hn) in [("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")] {
-            o.copy(format!("{b}.{gn}.weight"), format!("{t}.{hn}.weight"), Role::Vector);
-            o.copy(format!("{b}.{gn}.bias"), format!("{t}.{hn}.bias"), Role::Vector);
+        for (gn, hn) in [
+            ("ln1", "input_layernorm"),
+            ("ln2", "post_attention_layernorm"),
+        ] {
+            o.copy(
+                format!("{b}.{gn}.weight"),
+                format!("{t}.{hn}.weight"),
+                Role::Vector,
+            );
+            o.copy(
+                format!("{b}.{gn}.bias"),
+                format!("{t}.{hn}.bias"),
+                Role::Vector,
+            );
         }
         for (gn, hn) in [
             ("attn_q", "self_attn.q_proj"),
@@ -535,10 +562,18 @@ fn codec_encoder(o: &mut Out<'_>, e: &super::config::EncoderConfig) {
             Role::Vector,
         );
     }
-    o.copy(format!("{g}.down.weight"), "encoder.downsample.conv.weight", w);
+    o.copy(
+        format!("{g}.down.weight"),
+        "encoder.downsample.conv.weight",
+        w,
+    );
     for (gn, rvq, n) in [("sem", "semantic", 1), ("ac", "acoustic", 15)] {
         let q = format!("encoder.quantizer.{rvq}_residual_vector_quantizer");
-        o.copy(format!("{g}.{gn}.proj.weight"), format!("{q}.input_proj.weight"), w);
+        o.copy(
+            format!("{g}.{gn}.proj.weight"),
+            format!("{q}.input_proj.weight"),
+            w,
+        );
         let pairs = (0..n)
             .map(|k| {
                 let p = format!("{q}.layers.{k}.codebook");

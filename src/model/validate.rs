@@ -592,10 +592,22 @@ fn check_codec_encoder(c: &Check<'_>, e: &EncoderConfig) -> Result<(), ModelErro
         i += 3;
     }
     let h = e.hidden_size as u64;
-    conv(&format!("{g}.conv.{}", i + 1), e.last_kernel_size as u64, ch, h)?;
+    conv(
+        &format!("{g}.conv.{}", i + 1),
+        e.last_kernel_size as u64,
+        ch,
+        h,
+    )?;
     for l in 0..e.num_hidden_layers {
         let b = format!("{g}.blk.{l}");
-        for n in ["ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "attn_scale", "mlp_scale"] {
+        for n in [
+            "ln1.weight",
+            "ln1.bias",
+            "ln2.weight",
+            "ln2.bias",
+            "attn_scale",
+            "mlp_scale",
+        ] {
             c.vector(&format!("{b}.{n}"), h)?;
         }
         for n in ["attn_q", "attn_k", "attn_v", "attn_out"] {
@@ -749,15 +761,24 @@ fn check_speaker_encoder(c: &Check<'_>, n_talker: u64) -> Result<(), ModelError>
     // Widths from the tensors, as llama.cpp reads them: C (512 released), SE and attention
     // bottlenecks (128).
     let width = |name: &str| -> Result<u64, ModelError> {
-        c.ne(name)?.get(2).copied().ok_or_else(|| ModelError::WrongShape {
-            path: c.path.into(),
-            tensor: name.into(),
-            expected: vec![0, 0, 0],
-            found: c.ne(name).map(|n| n.to_vec()).unwrap_or_default(),
-        })
+        c.ne(name)?
+            .get(2)
+            .copied()
+            .ok_or_else(|| ModelError::WrongShape {
+                path: c.path.into(),
+                tensor: name.into(),
+                expected: vec![0, 0, 0],
+                found: c.ne(name).map(|n| n.to_vec()).unwrap_or_default(),
+            })
     };
-    let (ch, mel) = (width("a.conv1d.0.weight")?, c.u32("clip.audio.num_mel_bins")?);
-    let (se, att) = (width("a.blk.1.se_conv1.weight")?, width("a.asp_tdnn.weight")?);
+    let (ch, mel) = (
+        width("a.conv1d.0.weight")?,
+        c.u32("clip.audio.num_mel_bins")?,
+    );
+    let (se, att) = (
+        width("a.blk.1.se_conv1.weight")?,
+        width("a.asp_tdnn.weight")?,
+    );
     if ch == 0 || !ch.is_multiple_of(8) || se == 0 || att == 0 {
         return Err(ModelError::WrongShape {
             path: c.path.into(),

@@ -159,9 +159,9 @@ pub struct Voice {
 /// embedded as the talker's step input is (`CodePredictor::embed_frame`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct IclReference {
-    /// Token ids of the transcript alone: `ref_ids[3..len − 2]` of
-    /// `<|im_start|>assistant\n{text}<|im_end|>\n`.
-    pub text_ids: Vec<u32>,
+    /// The transcript: text, tokenized inside `<|im_start|>assistant\n{text}<|im_end|>\n` as the
+    /// official wrapper does, or the ids of that whole string (the wrapper's `ref_ids`).
+    pub text: TextInput,
     /// The recording's codes, `[frames][16]`.
     pub codes: Vec<[u32; 16]>,
     /// `frames × n_embd`: each frame's 16 code embeddings summed.
@@ -627,6 +627,38 @@ impl Talker {
         Ok(ids)
     }
 
+    /// The transcript's ids alone (`ref_ids[3..len − 2]`), checked.
+    fn reference_ids(&self, text: &TextInput) -> Result<Vec<u32>, TalkerError> {
+        let ids = match text {
+            TextInput::Text(t) => self
+                .tokenizer
+                .encode(&format!("<|im_start|>assistant\n{t}<|im_end|>\n")),
+            TextInput::TokenIds(ids) => ids.clone(),
+        };
+        let c = &self.config;
+        let n = ids.len();
+        let wrapped = n >= 6
+            && ids[0] == c.im_start_token_id
+            && ids[1] == c.assistant_token_id
+            && ids[n - 2] == c.im_end_token_id
+            && ids[n - 1] == ids[2];
+        if !wrapped {
+            return Err(TalkerError::BadText {
+                expected: "a reference transcript with at least one token, wrapped as \
+                           <|im_start|>assistant\\n{text}<|im_end|>\\n"
+                    .into(),
+                found: format!("{n} ids starting {:?}", &ids[..n.min(4)]),
+            });
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.n_text) {
+            return Err(TalkerError::BadText {
+                expected: format!("reference text ids below {}", self.n_text),
+                found: bad.to_string(),
+            });
+        }
+        Ok(ids[3..n - 2].to_vec())
+    }
+
     /// The in-context block after the codec prefix (`generate_icl_prompt`): the text track is
     /// the transcript, then the target text, then `tts_eos`; the codec track is `codec_bos`, then
     /// the reference frames. Non-streaming: all the text over `codec_pad`, then the codec track
@@ -643,7 +675,7 @@ impl Talker {
         let t = &self.config.talker_config;
         let n = self.n_embd;
         let mut text_track = Vec::new();
-        for &id in r.text_ids.iter().chain(text) {
+        for &id in self.reference_ids(&r.text)?.iter().chain(text) {
             self.push_row(&mut text_track, Some(id as usize), None)?;
         }
         text_track.extend_from_slice(&self.tts_eos);
@@ -734,8 +766,9 @@ impl Talker {
         };
         if let Some(r) = &voice.reference {
             let n = self.n_embd;
+            let ref_ids = self.reference_ids(&r.text)?;
             if voice.xvector.is_none()
-                || r.text_ids.is_empty()
+                || ref_ids.is_empty()
                 || r.codes.is_empty()
                 || r.embedded.len() != r.codes.len() * n
                 || r.embedded.iter().any(|v| !v.is_finite())
@@ -748,16 +781,10 @@ impl Talker {
                     found: format!(
                         "x-vector {}, {} transcript tokens, {} frames, {} values",
                         voice.xvector.is_some(),
-                        r.text_ids.len(),
+                        ref_ids.len(),
                         r.codes.len(),
                         r.embedded.len()
                     ),
-                });
-            }
-            if let Some(&bad) = r.text_ids.iter().find(|&&i| i as usize >= self.n_text) {
-                return Err(TalkerError::BadText {
-                    expected: format!("reference text ids below {}", self.n_text),
-                    found: bad.to_string(),
                 });
             }
         }

@@ -182,7 +182,9 @@ impl CodecEncoder {
         }
         let key = crate::model::convert::KEY_HF_SPEECH_TOKENIZER;
         let st: crate::model::config::SpeechTokenizerConfig = match f.header.get(key) {
-            Some(crate::gguf::Value::Str(json)) => crate::model::config::parse_json(json, f.path())?,
+            Some(crate::gguf::Value::Str(json)) => {
+                crate::model::config::parse_json(json, f.path())?
+            }
             _ => {
                 return Err(ModelError::MissingKey {
                     path: f.path().into(),
@@ -201,7 +203,14 @@ impl CodecEncoder {
         stages.push((
             0,
             Stage::Conv(CausalConv::new(
-                Conv::load(f, &format!("{P}.conv.0"), 1, c, e.kernel_size as usize, true)?,
+                Conv::load(
+                    f,
+                    &format!("{P}.conv.0"),
+                    1,
+                    c,
+                    e.kernel_size as usize,
+                    true,
+                )?,
                 1,
             )),
         ));
@@ -247,7 +256,8 @@ impl CodecEncoder {
         for l in 0..e.num_hidden_layers {
             let b = format!("{P}.blk.{l}");
             let v = |n: &str| read(f, &format!("{b}.{n}"), &[h as u64]);
-            let lin = |n: &str, i: usize, o: usize| Linear::load(f, &format!("{b}.{n}.weight"), i, o);
+            let lin =
+                |n: &str, i: usize, o: usize| Linear::load(f, &format!("{b}.{n}.weight"), i, o);
             layers.push(Layer {
                 ln1: (v("ln1.weight")?, v("ln1.bias")?),
                 ln2: (v("ln2.weight")?, v("ln2.bias")?),
@@ -324,7 +334,10 @@ impl CodecEncoder {
         let mut stage_out: Vec<Vec<f32>> = vec![Vec::new(); self.stages.len()];
         let mut x25 = Vec::new();
         let n_stages = self.stages.len();
-        let run = |stages: &mut [(usize, Stage)], from: usize, mut x: Vec<f32>, out: &mut Vec<Vec<f32>>| {
+        let run = |stages: &mut [(usize, Stage)],
+                   from: usize,
+                   mut x: Vec<f32>,
+                   out: &mut Vec<Vec<f32>>| {
             for (j, (_, s)) in stages.iter_mut().enumerate().skip(from) {
                 x = s.push(x, threads);
                 if tracing {
@@ -390,7 +403,11 @@ impl CodecEncoder {
         let mut r = vec![0.0; t12 * d];
         self.sem.proj.apply(&down, 1, 1, t12, &mut r, threads);
         rec("proj_sem", &r, d);
-        for (t, c) in self.nearest(&self.sem, 0, &r, threads).into_iter().enumerate() {
+        for (t, c) in self
+            .nearest(&self.sem, 0, &r, threads)
+            .into_iter()
+            .enumerate()
+        {
             codes[t][0] = c;
         }
         self.ac.proj.apply(&down, 1, 1, t12, &mut r, threads);
@@ -482,10 +499,20 @@ impl CodecEncoder {
             // SAFETY: Q and K rows are h wide, the head's hd columns start at `off`; S is t × t.
             unsafe {
                 matrixmultiply::sgemm(
-                    t, hd, t, scale,
-                    q.as_ptr().add(off), h as isize, 1,
-                    k.as_ptr().add(off), 1, h as isize,
-                    0.0, s.as_mut_ptr(), t as isize, 1,
+                    t,
+                    hd,
+                    t,
+                    scale,
+                    q.as_ptr().add(off),
+                    h as isize,
+                    1,
+                    k.as_ptr().add(off),
+                    1,
+                    h as isize,
+                    0.0,
+                    s.as_mut_ptr(),
+                    t as isize,
+                    1,
                 );
             }
             for (i, row) in s.chunks_exact_mut(t).enumerate() {
@@ -503,10 +530,20 @@ impl CodecEncoder {
             // SAFETY: P is t × t; V's head columns as above; the output head columns likewise.
             unsafe {
                 matrixmultiply::sgemm(
-                    t, t, hd, 1.0,
-                    s.as_ptr(), t as isize, 1,
-                    v.as_ptr().add(off), h as isize, 1,
-                    0.0, att.as_mut_ptr().add(off), h as isize, 1,
+                    t,
+                    t,
+                    hd,
+                    1.0,
+                    s.as_ptr(),
+                    t as isize,
+                    1,
+                    v.as_ptr().add(off),
+                    h as isize,
+                    1,
+                    0.0,
+                    att.as_mut_ptr().add(off),
+                    h as isize,
+                    1,
                 );
             }
         }

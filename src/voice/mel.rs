@@ -52,9 +52,7 @@ impl MelFrontEnd {
     /// Builds the window, the filterbank and the FFT plan.
     pub fn new() -> Self {
         let window = (0..N_FFT)
-            .map(|i| {
-                (0.5 - 0.5 * (std::f64::consts::TAU * i as f64 / N_FFT as f64).cos()) as f32
-            })
+            .map(|i| (0.5 - 0.5 * (std::f64::consts::TAU * i as f64 / N_FFT as f64).cos()) as f32)
             .collect();
         MelFrontEnd {
             window,
@@ -180,11 +178,17 @@ mod tests {
             .collect();
         let mel = fe.log_mel(&fe.magnitude(&y));
         let row = &mel[5 * N_MELS..6 * N_MELS];
-        let best = (0..N_MELS).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+        let best = (0..N_MELS)
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+            .unwrap();
         let (lo, hi) = (hz_to_mel(0.0), hz_to_mel(12000.0));
         let centre = |m: usize| mel_to_hz(lo + (hi - lo) * (m + 1) as f64 / (N_MELS + 1) as f64);
         let nearest = (0..N_MELS)
-            .min_by(|&a, &b| (centre(a) - 1000.0).abs().total_cmp(&(centre(b) - 1000.0).abs()))
+            .min_by(|&a, &b| {
+                (centre(a) - 1000.0)
+                    .abs()
+                    .total_cmp(&(centre(b) - 1000.0).abs())
+            })
             .unwrap();
         assert_eq!(best, nearest);
         assert!((mel_to_hz(hz_to_mel(3210.0)) - 3210.0).abs() < 1e-9);

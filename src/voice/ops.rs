@@ -5,8 +5,8 @@
 //! `taps` input rows a stride-1, dilation-1 output row reads are `taps · c_in` consecutive values,
 //! so one product with overlapping left rows computes every tap (no im2col buffer).
 
-use crate::gguf::GgufFile;
 use crate::error::ModelError;
+use crate::gguf::GgufFile;
 
 /// A 1-D convolution's weights, repacked for the time-major product.
 #[derive(Debug, Clone)]
@@ -102,7 +102,9 @@ impl Conv {
         threads: usize,
     ) {
         let (ci, co) = (self.c_in, self.c_out);
-        debug_assert!(t_out == 0 || x.len() >= ((t_out - 1) * stride + (self.taps - 1) * dilation + 1) * ci);
+        debug_assert!(
+            t_out == 0 || x.len() >= ((t_out - 1) * stride + (self.taps - 1) * dilation + 1) * ci
+        );
         debug_assert_eq!(y.len(), t_out * co);
         let per_tap = if dilation == 1 { self.taps } else { 1 };
         par_rows(y, co, t_out, threads, |r0, ys| {
@@ -282,7 +284,17 @@ mod tests {
     use super::*;
 
     /// The direct definition of a strided, dilated 1-D convolution on `[c][t]` data.
-    fn naive(raw: &[f32], bias: &[f32], x_ct: &[f32], t_in: usize, ci: usize, co: usize, k: usize, s: usize, d: usize) -> Vec<f32> {
+    fn naive(
+        raw: &[f32],
+        bias: &[f32],
+        x_ct: &[f32],
+        t_in: usize,
+        ci: usize,
+        co: usize,
+        k: usize,
+        s: usize,
+        d: usize,
+    ) -> Vec<f32> {
         let t_out = (t_in - (k - 1) * d - 1) / s + 1;
         let mut y = vec![0.0f64; t_out * co];
         for t in 0..t_out {
@@ -290,7 +302,8 @@ mod tests {
                 let mut acc = bias[o] as f64;
                 for c in 0..ci {
                     for j in 0..k {
-                        acc += raw[(o * ci + c) * k + j] as f64 * x_ct[c * t_in + t * s + j * d] as f64;
+                        acc += raw[(o * ci + c) * k + j] as f64
+                            * x_ct[c * t_in + t * s + j * d] as f64;
                     }
                 }
                 y[t * co + o] = acc;
@@ -320,8 +333,15 @@ mod tests {
             for threads in [1, 2, 3] {
                 let mut y = vec![f32::NAN; t_out * co];
                 conv.apply(&x_tc, s, d, t_out, &mut y, threads);
-                let err = y.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-                assert!(err < 1e-4, "ci {ci} co {co} k {k} s {s} d {d} threads {threads}: {err}");
+                let err = y
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                assert!(
+                    err < 1e-4,
+                    "ci {ci} co {co} k {k} s {s} d {d} threads {threads}: {err}"
+                );
             }
         }
     }

@@ -56,7 +56,10 @@ impl SpeakerEncoder {
             .header
             .tensor("a.asp_tdnn.weight")
             .map_or(0, |t| t.ne[2] as usize);
-        let out = f.header.tensor("mm.a.fc.weight").map_or(0, |t| t.ne[2] as usize);
+        let out = f
+            .header
+            .tensor("mm.a.fc.weight")
+            .map_or(0, |t| t.ne[2] as usize);
         let w = c / SCALE;
         let mut blocks = Vec::new();
         for (b, &dilation) in DILATIONS.iter().enumerate() {
@@ -167,7 +170,10 @@ impl SpeakerEncoder {
 
         // Multi-layer feature aggregation over blocks 1..3.
         let cat: Vec<f32> = (0..f)
-            .flat_map(|t| outs.iter().flat_map(move |o| o[t * c..(t + 1) * c].iter().copied()))
+            .flat_map(|t| {
+                outs.iter()
+                    .flat_map(move |o| o[t * c..(t + 1) * c].iter().copied())
+            })
             .collect();
         let z = tdnn(&self.mfa, &cat, f, 1, threads);
         let c3 = 3 * c;
@@ -195,7 +201,9 @@ impl SpeakerEncoder {
         // Softmax over time, per channel.
         let mut w = logits;
         for ch in 0..c3 {
-            let max = (0..f).map(|t| w[t * c3 + ch]).fold(f32::NEG_INFINITY, f32::max);
+            let max = (0..f)
+                .map(|t| w[t * c3 + ch])
+                .fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0f32;
             for t in 0..f {
                 let v = (w[t * c3 + ch] - max).exp();

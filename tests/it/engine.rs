@@ -366,3 +366,108 @@ fn stream_iterator_yields_the_same_audio() {
     assert_eq!(sizes, want);
     assert!(chunks.concat() == whole);
 }
+
+/// A cloned voice through the pipelined and the serial engine: the oracle's ICL runs (reference
+/// codes and x-vector from the official encoders) give its greedy codes and, with the decoder
+/// primed by the reference, its waveform after the cut; a second request with the same reference
+/// (primed from the snapshot) gives the same samples.
+#[test]
+fn cloned_voices_reproduce_the_oracle_in_the_engine() {
+    use qtts::talker::IclReference;
+    let _guard = serial_guard();
+    let (_tmp, out) = common::convert_tiny("voice", OutType::F32);
+    let mut engine = Engine::load(&files(&out), config()).unwrap();
+    let mut serial = Serial::load(&files(&out), config(), 1).unwrap();
+    let mm = qtts::gguf::GgufFile::open(&out.mmproj).unwrap();
+    for (run_name, mode) in [
+        ("icl_stream", TextMode::Streaming),
+        ("icl_stream_longtext", TextMode::Streaming),
+        ("icl_nonstream", TextMode::NonStreaming),
+    ] {
+        let o = common::oracle(
+            &common::fixture("voice").join(format!("oracle/{run_name}.safetensors")),
+        );
+        let codes: Vec<[u32; 16]> = o["ref_code"]
+            .chunks_exact(16)
+            .map(|c| std::array::from_fn(|k| c[k] as u32))
+            .collect();
+        let embedded = qtts::voice::clone::embed_frames(&mm, &codes).unwrap();
+        let reference = std::sync::Arc::new(IclReference {
+            text: TextInput::TokenIds(o["ref_ids"].iter().map(|&x| x as u32).collect()),
+            codes,
+            embedded,
+        });
+        let frames = o["codes"].len() / 16;
+        let mut req = Request::text("").greedy();
+        req.input = TextInput::TokenIds(o["input_ids"].iter().map(|&x| x as u32).collect());
+        req.voice = Voice {
+            language: Some("english".into()),
+            xvector: Some(o["xvector"].clone()),
+            reference: Some(reference),
+            ..Voice::default()
+        };
+        req.mode = mode;
+        req.repetition_penalty = Some(1.05);
+        req.max_frames = Some(frames);
+        req.keep_codes = true;
+        let (s, wav) = run(&mut engine, req.clone());
+        let got: Vec<f32> = s.codes.iter().flatten().map(|&c| c as f32).collect();
+        assert_eq!(got, o["codes"], "{run_name}");
+        let e = max_abs(&wav, &o["wav"]);
+        eprintln!("{run_name}: engine wav {e:e}, ttfa {:?}", s.ttfa);
+        assert!(e < 1e-4, "{run_name}: wav off by {e}");
+        let (_, again) = run(&mut engine, req.clone());
+        assert!(
+            again == wav,
+            "{run_name}: the primed snapshot differs from priming"
+        );
+        let mut mem = MemorySink::default();
+        let ss = serial.run(&req, &mut mem).unwrap();
+        assert_eq!(ss.codes, s.codes);
+        assert!(mem.samples == wav, "{run_name}: serial differs");
+    }
+}
+
+/// The library's cloning path end to end: `Cloner` makes the oracle's x-vector from its
+/// recording, the voice survives the store, and the engine speaks with it (in context, from a
+/// text transcript) and without priming anything for an x-vector-only voice.
+#[test]
+fn a_voice_cloned_saved_and_spoken() {
+    use qtts::voice::{speaking_voice, ClonedVoice, Cloner, VoiceStore};
+    let _guard = serial_guard();
+    let (_tmp, out) = common::convert_tiny("voice", OutType::F32);
+    let o = common::oracle(&common::fixture("voice").join("oracle/speaker_encoder.safetensors"));
+    let mut cloner = Cloner::load(&files(&out), 2).unwrap();
+    assert!(cloner.has_codec_encoder());
+    let v = cloner
+        .clone_voice(&o["wav_24k"], Some("Hello there."))
+        .unwrap();
+    assert!(max_abs(&v.xvector, &o["xvector"]) < 1e-4);
+    assert_eq!(v.codes.len(), o["wav_24k"].len().div_ceil(1920));
+    let dir = tempfile::tempdir().unwrap();
+    let store = VoiceStore::new(dir.path());
+    store.add("ref", &v).unwrap();
+    let back: ClonedVoice = store.get("ref").unwrap();
+    assert_eq!(back, v);
+    let mm = qtts::gguf::GgufFile::open(&out.mmproj).unwrap();
+    let mut engine = Engine::load(&files(&out), config()).unwrap();
+    for voice in [
+        back.clone(),
+        cloner.clone_voice(&o["wav_24k"], None).unwrap(),
+    ] {
+        let mut req = Request::text("How are you?").greedy();
+        req.voice = speaking_voice(&mm, &voice, Some("english".into())).unwrap();
+        assert_eq!(req.voice.reference.is_some(), voice.in_context());
+        req.max_frames = Some(4);
+        let (s, wav) = run(&mut engine, req);
+        assert_eq!(s.samples, 4 * 1920);
+        assert!(wav.iter().all(|x| x.is_finite()));
+    }
+    // Short, empty-transcript and non-finite references are refused, and the cloner still works.
+    assert!(cloner.clone_voice(&o["wav_24k"][..500], None).is_err());
+    assert!(cloner.clone_voice(&o["wav_24k"], Some("  ")).is_err());
+    let mut nan = o["wav_24k"].clone();
+    nan[100] = f32::NAN;
+    assert!(cloner.clone_voice(&nan, None).is_err());
+    assert!(cloner.clone_voice(&o["wav_24k"], None).is_ok());
+}

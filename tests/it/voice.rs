@@ -60,8 +60,14 @@ fn mmproj() -> (tempfile::TempDir, GgufFile) {
 #[test]
 fn codec_encoder_stages_and_codes_match_the_oracle() {
     let (_tmp, f) = mmproj();
-    let mut enc = CodecEncoder::load(&f).unwrap().expect("the Base mmproj carries the encoder");
-    for case in ["codec_encoder_aligned", "codec_encoder_ragged", "codec_encoder_long"] {
+    let mut enc = CodecEncoder::load(&f)
+        .unwrap()
+        .expect("the Base mmproj carries the encoder");
+    for case in [
+        "codec_encoder_aligned",
+        "codec_encoder_ragged",
+        "codec_encoder_long",
+    ] {
         let o = oracle(case);
         let sh = shapes(case);
         for threads in [1, 2] {
@@ -69,20 +75,31 @@ fn codec_encoder_stages_and_codes_match_the_oracle() {
             let codes = enc.encode(&o["input_values"], threads, Some(&mut trace));
             let mut checked = 0;
             for (name, v, width) in &trace {
-                let want = o.get(name).unwrap_or_else(|| panic!("{case}: oracle has no {name}"));
+                let want = o
+                    .get(name)
+                    .unwrap_or_else(|| panic!("{case}: oracle has no {name}"));
                 let cm = name.starts_with("seanet.") || name == "downsample";
                 let err = stage_error(v, *width, want, cm);
-                assert!(err <= 1e-4, "{case} threads {threads} {name}: {err:e} of peak");
+                assert!(
+                    err <= 1e-4,
+                    "{case} threads {threads} {name}: {err:e} of peak"
+                );
                 if threads == 2 {
                     eprintln!("{case} {name}: {err:.2e} of peak");
                 }
                 checked += 1;
             }
             let expect_stages = sh.keys().filter(|k| {
-                k.starts_with("seanet.") || k.starts_with("tfm.") || k.starts_with("residual_ac.")
+                k.starts_with("seanet.")
+                    || k.starts_with("tfm.")
+                    || k.starts_with("residual_ac.")
                     || ["downsample", "proj_sem", "proj_ac"].contains(&k.as_str())
             });
-            assert_eq!(checked, expect_stages.count(), "{case}: every oracle stage traced");
+            assert_eq!(
+                checked,
+                expect_stages.count(),
+                "{case}: every oracle stage traced"
+            );
 
             // Free-running codes: exact on every frame whose 16 margins all exceed τ.
             let (want, best, second) = (&o["codes"], &o["d2_best"], &o["d2_second"]);
@@ -96,7 +113,12 @@ fn codec_encoder_stages_and_codes_match_the_oracle() {
                 });
                 let same = (0..16).all(|k| codes[t][k] as f32 == want[t * 16 + k]);
                 if clear {
-                    assert!(same, "{case}: frame {t}: {:?} vs {:?}", codes[t], &want[t * 16..t * 16 + 16]);
+                    assert!(
+                        same,
+                        "{case}: frame {t}: {:?} vs {:?}",
+                        codes[t],
+                        &want[t * 16..t * 16 + 16]
+                    );
                 }
                 exact += same as usize;
             }
@@ -127,7 +149,9 @@ fn codec_encoder_stages_and_codes_match_the_oracle() {
 #[test]
 fn speaker_encoder_stages_match_the_oracle() {
     let (_tmp, f) = mmproj();
-    let enc = SpeakerEncoder::load(&f).unwrap().expect("a Base mmproj has the speaker encoder");
+    let enc = SpeakerEncoder::load(&f)
+        .unwrap()
+        .expect("a Base mmproj has the speaker encoder");
     let o = oracle("speaker_encoder");
     assert_eq!(enc.dim(), o["xvector"].len());
     let basis = qtts::voice::mel::MelFrontEnd::new();
@@ -180,7 +204,9 @@ fn cloned_generation_reproduces_the_oracle() {
     use qtts::ffi::Threadpool;
     use qtts::sampling::SamplingParams;
     use qtts::synth::{generate_codes, Flow};
-    use qtts::talker::{GenOptions, IclReference, Next, Session, Talker, TextInput, TextMode, Voice};
+    use qtts::talker::{
+        GenOptions, IclReference, Next, Session, Talker, TextInput, TextMode, Voice,
+    };
 
     let (_tmp, out) = common::convert_tiny("voice", OutType::F32);
     let talker = Talker::load(&out.talker).unwrap();
@@ -215,7 +241,11 @@ fn cloned_generation_reproduces_the_oracle() {
             xvector: Some(o["xvector"].clone()),
             ..Voice::default()
         };
-        let ref_codes = if icl { frames16(&o["ref_code"]) } else { Vec::new() };
+        let ref_codes = if icl {
+            frames16(&o["ref_code"])
+        } else {
+            Vec::new()
+        };
         if icl {
             let ref_ids: Vec<u32> = o["ref_ids"].iter().map(|&x| x as u32).collect();
             let mut embedded = vec![0.0; ref_codes.len() * h];
@@ -223,12 +253,14 @@ fn cloned_generation_reproduces_the_oracle() {
                 cp.embed_frame(f, row).unwrap();
             }
             voice.reference = Some(std::sync::Arc::new(IclReference {
-                text_ids: ref_ids[3..ref_ids.len() - 2].to_vec(),
+                text: TextInput::TokenIds(ref_ids),
                 codes: ref_codes.clone(),
                 embedded,
             }));
         }
-        let prompt = talker.prompt(&TextInput::TokenIds(ids), &voice, mode).unwrap();
+        let prompt = talker
+            .prompt(&TextInput::TokenIds(ids), &voice, mode)
+            .unwrap();
         let ep = common::max_abs(&prompt.rows, &o["prefill_embeds"]);
         let codes = &o["codes"];
         let frames = codes.len() / 16;
@@ -243,7 +275,13 @@ fn cloned_generation_reproduces_the_oracle() {
                 panic!("{case}: stopped at frame {f}: {next:?}")
             };
             let rest = cp
-                .frame(&pool, session.hidden(), c0, &mut |_, l| qtts::sampling::argmax(l), None)
+                .frame(
+                    &pool,
+                    session.hidden(),
+                    c0,
+                    &mut |_, l| qtts::sampling::argmax(l),
+                    None,
+                )
                 .unwrap();
             let mut frame = [c0; 16];
             frame[1..].copy_from_slice(&rest);
@@ -287,7 +325,11 @@ fn cloned_generation_reproduces_the_oracle() {
         eprintln!("{case}: waveform {ew:.2e}");
         assert!(ew < 1e-4, "{case}: waveform {ew:e}");
         if icl {
-            assert_eq!(o["cut"][0] as usize, ref_codes.len() * 1920, "{case}: the cut is whole frames");
+            assert_eq!(
+                o["cut"][0] as usize,
+                ref_codes.len() * 1920,
+                "{case}: the cut is whole frames"
+            );
         }
     }
 }
@@ -320,7 +362,10 @@ fn a_primed_decoder_continues_the_one_shot_decode() {
     // Another stream, then the snapshot: the same samples.
     dec.reset().unwrap();
     dec.decode_frames(&pool, &g, &mut wav).unwrap();
-    assert!(common::max_abs(&wav, want) > 1e-3, "a cold decoder differs (the test can fail)");
+    assert!(
+        common::max_abs(&wav, want) > 1e-3,
+        "a cold decoder differs (the test can fail)"
+    );
     dec.restore(&snapshot).unwrap();
     let mut again = vec![0.0; g.len() * 1920];
     dec.decode_frames(&pool, &g, &mut again).unwrap();
