@@ -92,19 +92,59 @@ enum Stage {
     Elu,
 }
 
+/// Rows a stage gathers before computing: the products of the 25 Hz and 200 Hz layers would
+/// otherwise have a handful of rows per 24 kHz chunk, and repack their weights each time.
+const MIN_ROWS: usize = 256;
+
+/// A stage and the input rows it has not computed yet.
+#[derive(Debug)]
+struct Staged {
+    /// The checkpoint's layer index.
+    index: usize,
+    stage: Stage,
+    inbox: Vec<f32>,
+}
+
+impl Staged {
+    fn width_in(&self) -> usize {
+        match &self.stage {
+            Stage::Conv(c) => c.conv.c_in,
+            Stage::Res(r) => r.c2.c_out,
+            Stage::Elu => 1,
+        }
+    }
+
+    /// Takes `x`; computes once [`MIN_ROWS`] rows are in (or at `flush`), causally, so the
+    /// result is the one-shot result whatever the chunking.
+    fn push(&mut self, x: &[f32], flush: bool, threads: usize) -> Vec<f32> {
+        self.inbox.extend_from_slice(x);
+        if !flush && self.inbox.len() < MIN_ROWS * self.width_in() {
+            return Vec::new();
+        }
+        let input = std::mem::take(&mut self.inbox);
+        self.stage.push(input, threads)
+    }
+}
+
+/// ELU over `x` on `threads` threads.
+fn elu_par(x: &mut [f32], threads: usize) {
+    let n = x.len();
+    par_rows(x, 1, n, threads, |_, part| elu(part));
+}
+
 impl Stage {
     fn push(&mut self, mut x: Vec<f32>, threads: usize) -> Vec<f32> {
         match self {
             Stage::Conv(c) => c.push(&x, threads),
             Stage::Elu => {
-                elu(&mut x);
+                elu_par(&mut x, threads);
                 x
             }
             Stage::Res(r) => {
                 let mut e = x.clone();
-                elu(&mut e);
+                elu_par(&mut e, threads);
                 let mut h = r.c1.push(&e, threads);
-                elu(&mut h);
+                elu_par(&mut h, threads);
                 let n = h.len() / r.c2.c_in;
                 let mut y = vec![0.0; n * r.c2.c_out];
                 r.c2.apply(&h, 1, 1, n, &mut y, threads);
@@ -159,7 +199,7 @@ struct Quantizer {
 /// The codec encoder's weights.
 #[derive(Debug)]
 pub struct CodecEncoder {
-    stages: Vec<(usize, Stage)>,
+    stages: Vec<Staged>,
     layers: Vec<Layer>,
     down: Conv,
     sem: Quantizer,
@@ -292,6 +332,14 @@ impl CodecEncoder {
                 levels,
             })
         };
+        let stages = stages
+            .into_iter()
+            .map(|(index, stage)| Staged {
+                index,
+                stage,
+                inbox: Vec::new(),
+            })
+            .collect();
         Ok(Some(CodecEncoder {
             stages,
             layers,
@@ -328,18 +376,21 @@ impl CodecEncoder {
             }
         };
         // SEANet, chunk by chunk; with a trace, each stage's whole output is kept.
-        for (_, s) in &mut self.stages {
-            s.reset();
+        for s in &mut self.stages {
+            s.stage.reset();
+            s.inbox.clear();
         }
-        let mut stage_out: Vec<Vec<f32>> = vec![Vec::new(); self.stages.len()];
-        let mut x25 = Vec::new();
         let n_stages = self.stages.len();
-        let run = |stages: &mut [(usize, Stage)],
+        let mut stage_out: Vec<Vec<f32>> = vec![Vec::new(); n_stages];
+        let mut x25 = Vec::new();
+        // Pushes `x` through stages `from..`; `flush` computes what each has gathered.
+        let run = |stages: &mut [Staged],
                    from: usize,
                    mut x: Vec<f32>,
+                   flush: bool,
                    out: &mut Vec<Vec<f32>>| {
-            for (j, (_, s)) in stages.iter_mut().enumerate().skip(from) {
-                x = s.push(x, threads);
+            for (j, s) in stages.iter_mut().enumerate().skip(from) {
+                x = s.push(&x, flush, threads);
                 if tracing {
                     out[j].extend_from_slice(&x);
                 }
@@ -347,29 +398,33 @@ impl CodecEncoder {
             x
         };
         for chunk in y.chunks(CHUNK) {
-            let z = run(&mut self.stages, 0, chunk.to_vec(), &mut stage_out);
+            let z = run(&mut self.stages, 0, chunk.to_vec(), false, &mut stage_out);
             x25.extend_from_slice(&z);
         }
+        // The end: each stage in turn computes its gathered rows and its last outputs (the
+        // strided convs' right padding), which flow on through the stages after it.
         for j in 0..n_stages {
-            let tail = self.stages[j].1.finish(threads);
+            let mut tail = self.stages[j].push(&[], true, threads);
+            let end = self.stages[j].stage.finish(threads);
+            tail.extend_from_slice(&end);
             if tracing {
                 stage_out[j].extend_from_slice(&tail);
             }
             let z = if j + 1 < n_stages {
-                run(&mut self.stages, j + 1, tail, &mut stage_out)
+                run(&mut self.stages, j + 1, tail, false, &mut stage_out)
             } else {
                 tail
             };
             x25.extend_from_slice(&z);
         }
         if tracing {
-            for (j, (i, s)) in self.stages.iter().enumerate() {
-                let width = match s {
+            for (j, s) in self.stages.iter().enumerate() {
+                let width = match &s.stage {
                     Stage::Conv(c) => c.conv.c_out,
                     Stage::Res(r) => r.c2.c_out,
                     Stage::Elu => continue,
                 };
-                rec(&format!("seanet.layers.{i}"), &stage_out[j], width);
+                rec(&format!("seanet.layers.{}", s.index), &stage_out[j], width);
             }
         }
 

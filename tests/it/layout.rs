@@ -60,7 +60,7 @@ const LAYERS: &[&[&str]] = &[
     &["sampling", "qwen3", "audio", "metrics"],
     &["code_predictor", "decoder"],
     &["talker"],
-    &["synth"],
+    &["synth", "voice"],
     &["engine"],
 ];
 
