@@ -661,7 +661,7 @@ fn check_encoder(
             ),
         );
     }
-    if e.num_residual_layers != 1 || e.compress == 0 || e.num_filters % e.compress != 0 {
+    if e.num_residual_layers != 1 || e.compress == 0 || !e.num_filters.is_multiple_of(e.compress) {
         return bad(
             "num_residual_layers",
             "1 residual unit per stage, num_filters a multiple of compress",
@@ -676,7 +676,7 @@ fn check_encoder(
     }
     if e.num_attention_heads == 0
         || e.num_key_value_heads != e.num_attention_heads
-        || e.head_dim % 2 != 0
+        || !e.head_dim.is_multiple_of(2)
         || e.num_attention_heads * e.head_dim != e.hidden_size
     {
         return bad(

@@ -5,6 +5,7 @@
 //! codec encoder ([`codec`]) gives the reference's codes for the in-context (ICL) prompt and for
 //! priming the decoder. Both run on the host in f32 from the mmproj's weights.
 
+pub mod audio_in;
 pub mod codec;
 pub mod mel;
 mod ops;
@@ -88,6 +89,9 @@ pub enum VoiceError {
         /// The error.
         source: std::io::Error,
     },
+    /// The reference recording cannot be used.
+    #[error(transparent)]
+    Audio(#[from] audio_in::AudioInError),
     /// The model files are wrong.
     #[error(transparent)]
     Model(#[from] crate::error::ModelError),

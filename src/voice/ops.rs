@@ -284,6 +284,7 @@ mod tests {
     use super::*;
 
     /// The direct definition of a strided, dilated 1-D convolution on `[c][t]` data.
+    #[allow(clippy::too_many_arguments)]
     fn naive(
         raw: &[f32],
         bias: &[f32],

@@ -91,6 +91,80 @@ pub struct RunReport {
     /// A soak's minutes (one request each), in order; empty for a run of one request.
     #[serde(default)]
     pub minutes: Vec<Minute>,
+    /// Base models: the cloned voice every request speaks with.
+    #[serde(default)]
+    pub clone: Option<CloneReport>,
+}
+
+/// Cloning on a Base model ([`measure_in`]): a synthetic speech-like reference of
+/// [`CLONE_REFERENCE_S`] seconds and transcript [`CLONE_TEXT`] is encoded, then spoken with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CloneReport {
+    /// The reference's length, s.
+    pub reference_s: f64,
+    /// Both encoders over it (speaker encoder and codec encoder), ms.
+    pub encode_ms: f64,
+    /// Reference frames in the prompt.
+    pub reference_frames: usize,
+    /// Time to first audio of the first request with it (the decoder primed by decoding the
+    /// reference, the whole in-context prompt prefilled), ms.
+    pub fresh_ttfa_ms: f64,
+    /// That request's RTF ([`CLONE_FRESH_FRAMES`] frames).
+    pub fresh_rtf: f64,
+}
+
+/// Seconds of the bench's clone reference.
+pub const CLONE_REFERENCE_S: f64 = 10.0;
+/// Its transcript (about 3 tokens a second, as speech has).
+pub const CLONE_TEXT: &str =
+    "This is the voice we are cloning today, speaking a few calm sentences for the encoder.";
+/// Frames of the first request with a fresh reference.
+pub const CLONE_FRESH_FRAMES: usize = 25;
+
+/// A deterministic speech-like signal at 24 kHz: harmonics of a vibrato f0 gliding over 110–220
+/// Hz, amplitude-modulated at syllable rate, with noise 30 dB down (what the encoders' cost does
+/// not depend on, but a realistic level range).
+pub fn speech_like(seconds: f64) -> Vec<f32> {
+    let n = (seconds * SAMPLE_RATE as f64) as usize;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut phase = 0.0f64;
+    (0..n)
+        .map(|i| {
+            let t = i as f64 / SAMPLE_RATE as f64;
+            let f0 = 165.0
+                + 55.0 * (std::f64::consts::TAU * 0.3 * t).sin()
+                + 4.0 * (std::f64::consts::TAU * 5.5 * t).sin();
+            phase += std::f64::consts::TAU * f0 / SAMPLE_RATE as f64;
+            let voice: f64 = (1..=12).map(|h| (h as f64 * phase).sin() / h as f64).sum();
+            let am = 0.5 + 0.5 * (std::f64::consts::TAU * 4.0 * t).sin().abs();
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let noise = (seed >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+            (0.3 * am * voice + 0.03 * noise) as f32
+        })
+        .collect()
+}
+
+/// Clones [`speech_like`] with the model's encoders, timed.
+fn clone_voice(
+    files: &ModelFiles,
+    threads: usize,
+) -> Result<(qtts::voice::ClonedVoice, f64), EngineError> {
+    let bad = |e: qtts::voice::VoiceError| {
+        EngineError::Model(qtts::error::ModelError::Unsupported {
+            what: "bench clone".into(),
+            expected: "a Base model with both encoders".into(),
+            found: e.to_string(),
+        })
+    };
+    let reference = speech_like(CLONE_REFERENCE_S);
+    let mut cloner = qtts::voice::Cloner::load(files, threads).map_err(bad)?;
+    let t = std::time::Instant::now();
+    let v = cloner
+        .clone_voice(&reference, Some(CLONE_TEXT))
+        .map_err(bad)?;
+    Ok((v, t.elapsed().as_secs_f64() * 1e3))
 }
 
 /// One minute (one request) of a soak.
@@ -146,23 +220,76 @@ pub fn measure_in(
     prebuffer_ms: f64,
 ) -> Result<RunReport, EngineError> {
     let request_frames = request_frames.max(1);
+    let threads = config.plan.all_cores().len().max(1);
     let mut engine = Engine::load(files, config)?;
     let speaker = engine.info().default_speaker().map(str::to_owned);
+    // Base models speak with a cloned voice: encoded here (timed), then a warm-up with its
+    // x-vector alone, a first request with the whole voice (the fresh reference), then the
+    // measured requests with it (the decoder primed from the snapshot, the voice's prompt rows
+    // reused).
+    let cloned = if engine.info().model_type == "base" {
+        let (v, encode_ms) = clone_voice(files, threads)?;
+        let mm = qtts::gguf::GgufFile::open(&files.mmproj)?;
+        let lang = Some("english".to_string());
+        let bad = |e: qtts::voice::VoiceError| {
+            EngineError::Model(qtts::error::ModelError::Unsupported {
+                what: "bench voice".into(),
+                expected: "a voice for this model".into(),
+                found: e.to_string(),
+            })
+        };
+        let mut xvector_only = v.clone();
+        xvector_only.codes.clear();
+        xvector_only.text = None;
+        Some((
+            qtts::voice::speaking_voice(&mm, &v, lang.clone()).map_err(bad)?,
+            qtts::voice::speaking_voice(&mm, &xvector_only, lang).map_err(bad)?,
+            encode_ms,
+            v.codes.len(),
+        ))
+    } else {
+        None
+    };
     let request = |frames: usize| {
         let mut req = Request::text(TEXT);
         req.voice.speaker = speaker.clone();
         req.voice.language = Some("english".into());
+        if let Some((voice, ..)) = &cloned {
+            req.voice = voice.clone();
+        }
         req.max_frames = Some(frames);
         // Random weights may sample end-of-speech: the frame count is forced.
         req.min_frames = frames;
         req.seed = 1;
         req
     };
-    let warmup = request(WARMUP_FRAMES);
+    let mut warmup = request(WARMUP_FRAMES);
+    if let Some((_, xvector_only, ..)) = &cloned {
+        warmup.voice = xvector_only.clone();
+    }
     let (summary, _) = engine
         .synthesize(warmup, Box::new(qtts::audio::MemorySink::default()))
         .wait();
     let first_ttfa_ms = summary?.ttfa.unwrap_or_default().as_secs_f64() * 1e3;
+    let clone = match &cloned {
+        None => None,
+        Some((_, _, encode_ms, reference_frames)) => {
+            let (summary, _) = engine
+                .synthesize(
+                    request(CLONE_FRESH_FRAMES),
+                    Box::new(qtts::audio::MemorySink::default()),
+                )
+                .wait();
+            let s = summary?;
+            Some(CloneReport {
+                reference_s: CLONE_REFERENCE_S,
+                encode_ms: *encode_ms,
+                reference_frames: *reference_frames,
+                fresh_ttfa_ms: s.ttfa.unwrap_or_default().as_secs_f64() * 1e3,
+                fresh_rtf: s.generated.as_secs_f64() / s.audio_seconds().max(1e-9),
+            })
+        }
+    };
     let rss_start = rss_bytes().unwrap_or(0) as f64 / MIB;
     // One request, or a soak of one-minute requests back to back.
     let parts: Vec<usize> = if frames > request_frames {
@@ -224,6 +351,7 @@ pub fn measure_in(
             0.0
         },
         minutes,
+        clone,
     })
 }
 
@@ -253,6 +381,9 @@ pub struct Medians {
     pub peak_rss_mib: f64,
     /// Per stage of [`STAGES`]: (name, median p50, median p99), ms.
     pub stages: Vec<(String, f64, f64)>,
+    /// Base models: medians of the encode time, the fresh reference's TTFA and RTF, and the
+    /// reference's length (s).
+    pub clone: Option<(f64, f64, f64, f64)>,
 }
 
 impl Medians {
@@ -280,6 +411,22 @@ impl Medians {
             underruns: over(&|r| r.underruns as f64),
             peak_rss_mib: over(&|r| r.peak_rss_mib),
             stages,
+            clone: runs.iter().any(|r| r.clone.is_some()).then(|| {
+                let c = |f: &dyn Fn(&CloneReport) -> f64| {
+                    median(
+                        runs.iter()
+                            .filter_map(|r| r.clone.as_ref())
+                            .map(f)
+                            .collect(),
+                    )
+                };
+                (
+                    c(&|x| x.encode_ms),
+                    c(&|x| x.fresh_ttfa_ms),
+                    c(&|x| x.fresh_rtf),
+                    c(&|x| x.reference_s),
+                )
+            }),
         }
     }
 }
@@ -445,6 +592,15 @@ pub fn table(rows: &[Row], reference: &[ReferenceReport]) -> String {
             "1.0x"
         );
     }
+    for row in rows {
+        if let Some((encode, ttfa, rtf, seconds)) = row.medians.clone {
+            s += &format!(
+                "{}: cloning a {seconds:.0} s reference: encode {encode:.0} ms; first request \
+                 with it: TTFA {ttfa:.0} ms, RTF {rtf:.2} (TTFA above: the same voice again)\n",
+                row.label
+            );
+        }
+    }
     s
 }
 
@@ -471,6 +627,7 @@ mod tests {
             rss_start_mib: 0.0,
             rss_end_mib: 0.0,
             minutes: Vec::new(),
+            clone: None,
         }
     }
 

@@ -15,6 +15,7 @@ use qtts::model::convert::{convert, OutType};
 mod bench;
 mod bench_cli;
 mod serve_cli;
+mod voice_cli;
 
 /// qtts: a CPU-first streaming text-to-speech engine for Qwen3-TTS-12Hz.
 #[derive(Parser, Debug)]
@@ -35,6 +36,11 @@ fn parse_tier(s: &str) -> Result<qtts::kernels::Tier, String> {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Saved voices cloned from reference recordings (Base models).
+    Voice {
+        #[command(subcommand)]
+        action: voice_cli::VoiceAction,
+    },
     /// Speak text live through the default audio device.
     Speak {
         #[command(flatten)]
@@ -168,7 +174,7 @@ fn cache(action: &CacheAction) -> anyhow::Result<()> {
 
 /// Options shared by `speak` and `synth`.
 #[derive(clap::Args, Debug)]
-struct SpeakArgs {
+pub(crate) struct SpeakArgs {
     /// The text; `-` reads standard input line by line (one request per line: pipe an LLM in).
     text: Option<String>,
     /// A model: a directory with talker-<type>.gguf and mmproj-<type>.gguf, a talker GGUF, or an
@@ -192,6 +198,19 @@ struct SpeakArgs {
     /// Speaker x-vector for Base models: a file of little-endian f32 values (hidden size).
     #[arg(long)]
     xvector: Option<PathBuf>,
+    /// A saved voice (`qtts voice add`) to speak with (Base models).
+    #[arg(long)]
+    voice: Option<String>,
+    /// Clone the voice of this recording for this run (Base models; WAV, FLAC, MP3, Ogg/Vorbis,
+    /// 1 to 30 s); `qtts voice add` saves the work for the next runs.
+    #[arg(long)]
+    ref_audio: Option<PathBuf>,
+    /// What --ref-audio says (in-context cloning); without it, the x-vector alone.
+    #[arg(long)]
+    ref_text: Option<String>,
+    /// Where voices are saved (default: $QTTS_VOICES, else ~/.local/share/qtts/voices).
+    #[arg(long)]
+    voices: Option<PathBuf>,
     /// How the text enters the prompt.
     #[arg(long, value_enum, default_value = "streaming")]
     text_mode: qtts::talker::TextMode,
@@ -241,7 +260,7 @@ struct SpeakArgs {
 
 /// Finds the model to use and says which; `exact` takes f32 files only (a checkpoint converted to
 /// f32), and refuses others.
-fn pick_model(
+pub(crate) fn pick_model(
     arg: Option<&std::path::Path>,
     exact: bool,
 ) -> anyhow::Result<qtts::model::find::FoundModel> {
@@ -306,6 +325,7 @@ fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
 fn requests(
     args: &SpeakArgs,
     info: &qtts::engine::EngineInfo,
+    cloned: Option<qtts::talker::Voice>,
 ) -> anyhow::Result<Box<dyn Iterator<Item = anyhow::Result<qtts::engine::Request>>>> {
     use qtts::engine::Request;
     use qtts::talker::{TextInput, Voice};
@@ -331,15 +351,16 @@ fn requests(
         .speaker
         .clone()
         .or_else(|| info.default_speaker().map(str::to_owned));
+    let voice = cloned.unwrap_or(Voice {
+        speaker,
+        language: args.language.clone(),
+        instruct: args.instruct.clone(),
+        xvector,
+        reference: None,
+    });
     let base = Request {
         input: TextInput::Text(String::new()),
-        voice: Voice {
-            speaker,
-            language: args.language.clone(),
-            instruct: args.instruct.clone(),
-            xvector,
-            reference: None,
-        },
+        voice,
         mode: args.text_mode,
         sampling: None,
         code_predictor_sampling: None,
@@ -380,9 +401,13 @@ fn requests(
     }
 }
 
-fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
+/// The engine, and the cloned voice when one was asked for.
+fn engine_for(
+    args: &SpeakArgs,
+) -> anyhow::Result<(qtts::engine::Engine, Option<qtts::talker::Voice>)> {
     use qtts::engine::{Engine, EngineConfig, ThreadPlan};
     let model = pick_model(args.model.as_deref(), args.exact)?;
+    let cloned = voice_cli::requested_voice(args, &model.files)?;
     let config = EngineConfig {
         plan: {
             let n = args.cores.unwrap_or_else(ThreadPlan::available_cores);
@@ -396,7 +421,8 @@ fn engine_for(args: &SpeakArgs) -> anyhow::Result<qtts::engine::Engine> {
         decoder: args.decoder.weights(qtts::kernels::active()),
         ..EngineConfig::default()
     };
-    Engine::load(&model.files, config).context("loading the engine")
+    let engine = Engine::load(&model.files, config).context("loading the engine")?;
+    Ok((engine, cloned))
 }
 
 /// Above this many utterances in a request, `speak` and `synth` print one line for them all
@@ -407,6 +433,7 @@ const MANY_UTTERANCES: usize = 20;
 fn run_all(
     args: &SpeakArgs,
     engine: &mut qtts::engine::Engine,
+    cloned: Option<qtts::talker::Voice>,
     mut sink: Box<dyn qtts::audio::AudioSink>,
     label: &str,
 ) -> anyhow::Result<Box<dyn qtts::audio::AudioSink>> {
@@ -422,7 +449,7 @@ fn run_all(
         indicatif::ProgressStyle::with_template("{spinner} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
-    for req in requests(args, &info)? {
+    for req in requests(args, &info, cloned)? {
         let req = req?;
         let mut s = engine.synthesize(req, sink);
         let finished = loop {
@@ -535,10 +562,10 @@ fn synth(
     out: &std::path::Path,
     format: qtts::audio::SampleFormat,
 ) -> anyhow::Result<()> {
-    let mut engine = engine_for(args)?;
+    let (mut engine, cloned) = engine_for(args)?;
     let wav = qtts::audio::WavSink::create(out, format)
         .with_context(|| format!("creating {}", out.display()))?;
-    let sink = run_all(args, &mut engine, Box::new(wav), "wrote")?;
+    let sink = run_all(args, &mut engine, cloned, Box::new(wav), "wrote")?;
     let wav: qtts::audio::WavSink = qtts::engine::downcast_sink(sink)
         .context("the WAV sink did not come back from the engine")?;
     let n = wav.samples();
@@ -570,12 +597,12 @@ fn progress_printer(label: &'static str) -> impl FnMut(u64, u64) {
 /// `qtts speak` through the default audio device.
 #[cfg(feature = "playback")]
 fn speak(args: &SpeakArgs, prebuffer_ms: f64, ring_ms: f64) -> anyhow::Result<()> {
-    let mut engine = engine_for(args)?;
+    let (mut engine, cloned) = engine_for(args)?;
     let (ring, player) = qtts::audio::ring(ring_ms, prebuffer_ms);
     let out = qtts::audio::cpal_out::CpalOutput::open(player)?;
     eprintln!("qtts: playing on {}", out.description);
     let shared = out.shared();
-    run_all(args, &mut engine, Box::new(ring), "spoke")?;
+    run_all(args, &mut engine, cloned, Box::new(ring), "spoke")?;
     let underruns = shared.underruns();
     if underruns > 0 {
         let first: Vec<u64> = shared.underrun_periods().into_iter().take(8).collect();
@@ -625,6 +652,7 @@ fn main() -> anyhow::Result<()> {
             sample_format,
         } => synth(&args, &out, sample_format)?,
         Command::Cache { action } => cache(&action)?,
+        Command::Voice { action } => voice_cli::run(&action)?,
         Command::Convert {
             hf_dir,
             out_dir,

@@ -6,3 +6,4 @@ mod common;
 
 mod cache;
 mod cli;
+mod voice;
