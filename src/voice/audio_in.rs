@@ -176,8 +176,26 @@ fn prepare(audio: Audio, what: &str) -> Result<Vec<f32>, AudioInError> {
 }
 
 /// Decodes a whole stream to mono at its own rate, refusing more than
-/// [`MAX_REFERENCE_SECONDS`] without decoding past them.
+/// [`MAX_REFERENCE_SECONDS`] without decoding past them. A decoder that panics on a damaged
+/// file is reported as [`AudioInError::Corrupt`].
 pub fn decode(source: Box<dyn MediaSource>, hint: Hint, what: &str) -> Result<Audio, AudioInError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        decode_inner(source, hint, what)
+    })) {
+        Ok(r) => r,
+        Err(_) => Err(AudioInError::Corrupt {
+            what: what.into(),
+            expected: "a file the decoder can read".into(),
+            found: "data that made the decoder fail".into(),
+        }),
+    }
+}
+
+fn decode_inner(
+    source: Box<dyn MediaSource>,
+    hint: Hint,
+    what: &str,
+) -> Result<Audio, AudioInError> {
     let not_audio = |e: SymError| AudioInError::NotAudio {
         what: what.into(),
         reason: e.to_string(),
@@ -217,7 +235,11 @@ pub fn decode(source: Box<dyn MediaSource>, hint: Hint, what: &str) -> Result<Au
         found: format!("{seconds:.1} s"),
         hint: "trim it to the best 3 to 10 s",
     };
-    let declared = params.n_frames;
+    // A length over an hour is a streaming header's placeholder (a WAV written as it was
+    // recorded says 0xFFFFFFFF bytes): unknown, so the running cap below applies.
+    let declared = params
+        .n_frames
+        .filter(|&n| (n as f64 / rate as f64) < 3600.0);
     if let Some(n) = declared {
         if n as f64 / rate as f64 > MAX_REFERENCE_SECONDS + 0.5 {
             return Err(too_long(n as f64 / rate as f64));
@@ -371,7 +393,6 @@ fn soxr_hq(_: &[f32], _: u32) -> Result<Vec<f32>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
     use std::path::PathBuf;
 
     fn fixture(rel: &str) -> PathBuf {
@@ -380,7 +401,8 @@ mod tests {
             .join(rel)
     }
 
-    fn oracle() -> HashMap<String, (Vec<usize>, Vec<f32>)> {
+    #[cfg(feature = "resample")]
+    fn oracle() -> std::collections::HashMap<String, (Vec<usize>, Vec<f32>)> {
         let bytes = std::fs::read(fixture("oracle/resample.safetensors")).unwrap();
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         st.tensors()
@@ -631,6 +653,13 @@ mod tests {
                 other => panic!("{bad}: {other:?}"),
             }
         }
+        // A WAV written while recording (sizes 0xFFFFFFFF, as `qtts serve` streams them):
+        // decoded to its end, not refused from its placeholder length.
+        let mut streamed = std::fs::read(p("whole.wav")).unwrap();
+        streamed[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        streamed[40..44].copy_from_slice(&u32::MAX.to_le_bytes());
+        std::fs::write(p("streamed.wav"), &streamed).unwrap();
+        assert_eq!(load_reference(&p("streamed.wav")).unwrap().len(), 48000);
         // A rate outside 8..192 kHz.
         write_wav(&p("4k.wav"), 4000, 1, 16, false, &tone(4000, 2.0));
         assert!(matches!(

@@ -463,6 +463,33 @@ fn a_voice_cloned_saved_and_spoken() {
         assert_eq!(s.samples, 4 * 1920);
         assert!(wav.iter().all(|x| x.is_finite()));
     }
+    // A transcript in another script than the audio is taken as given (as the official code
+    // does: nothing can tell); a reference the talker refuses fails its request only.
+    let other = cloner
+        .clone_voice(&o["wav_24k"], Some("你好，世界。"))
+        .unwrap();
+    let mut req = Request::text("How are you?").greedy();
+    req.voice = speaking_voice(&mm, &other, None).unwrap();
+    req.max_frames = Some(2);
+    assert_eq!(run(&mut engine, req.clone()).0.samples, 2 * 1920);
+    let mut broken = req.clone();
+    if let Some(r) = broken.voice.reference.as_mut() {
+        let mut r2 = (**r).clone();
+        r2.embedded.pop();
+        *r = std::sync::Arc::new(r2);
+    }
+    let (summary, _) = engine
+        .synthesize(broken, Box::new(MemorySink::default()))
+        .wait();
+    assert!(
+        summary.is_err(),
+        "a reference with a short embedding is refused"
+    );
+    assert_eq!(
+        run(&mut engine, req).0.samples,
+        2 * 1920,
+        "the engine goes on"
+    );
     // Short, empty-transcript and non-finite references are refused, and the cloner still works.
     assert!(cloner.clone_voice(&o["wav_24k"][..500], None).is_err());
     assert!(cloner.clone_voice(&o["wav_24k"], Some("  ")).is_err());

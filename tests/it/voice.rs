@@ -17,13 +17,16 @@ use qtts::voice::{CodecEncoder, SpeakerEncoder, Trace};
 const TAU: f32 = 1e-4;
 
 fn oracle(name: &str) -> HashMap<String, Vec<f32>> {
-    common::oracle(&common::fixture("voice").join(format!("oracle/{name}.safetensors")))
+    oracle_in(&common::fixture("voice"), name)
+}
+
+fn oracle_in(dir: &std::path::Path, name: &str) -> HashMap<String, Vec<f32>> {
+    common::oracle(&dir.join(format!("oracle/{name}.safetensors")))
 }
 
 /// Shapes of an oracle file's tensors.
-fn shapes(name: &str) -> HashMap<String, Vec<usize>> {
-    let bytes =
-        std::fs::read(common::fixture("voice").join(format!("oracle/{name}.safetensors"))).unwrap();
+fn shapes(dir: &std::path::Path, name: &str) -> HashMap<String, Vec<usize>> {
+    let bytes = std::fs::read(dir.join(format!("oracle/{name}.safetensors"))).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     st.tensors()
         .into_iter()
@@ -63,13 +66,23 @@ fn codec_encoder_stages_and_codes_match_the_oracle() {
     let mut enc = CodecEncoder::load(&f)
         .unwrap()
         .expect("the Base mmproj carries the encoder");
+    let dir = common::fixture("voice");
     for case in [
         "codec_encoder_aligned",
         "codec_encoder_ragged",
         "codec_encoder_long",
     ] {
-        let o = oracle(case);
-        let sh = shapes(case);
+        check_codec(&mut enc, &dir, case, 1e-4, TAU);
+    }
+}
+
+/// One codec-encoder oracle file: every stage within `tol` of its peak on 1 and 2 threads, the
+/// free-running codes exact on frames whose margins all exceed `tau`·(1 + d²), the
+/// teacher-forced codes likewise level by level.
+fn check_codec(enc: &mut CodecEncoder, dir: &std::path::Path, case: &str, tol: f32, tau: f32) {
+    let o = oracle_in(dir, case);
+    let sh = shapes(dir, case);
+    {
         for threads in [1, 2] {
             let mut trace = Trace::new();
             let codes = enc.encode(&o["input_values"], threads, Some(&mut trace));
@@ -81,7 +94,7 @@ fn codec_encoder_stages_and_codes_match_the_oracle() {
                 let cm = name.starts_with("seanet.") || name == "downsample";
                 let err = stage_error(v, *width, want, cm);
                 assert!(
-                    err <= 1e-4,
+                    err <= tol,
                     "{case} threads {threads} {name}: {err:e} of peak"
                 );
                 if threads == 2 {
@@ -109,7 +122,7 @@ fn codec_encoder_stages_and_codes_match_the_oracle() {
             for t in 0..frames {
                 let clear = (0..16).all(|k| {
                     let i = t * 16 + k;
-                    second[i] - best[i] > TAU * (1.0 + best[i])
+                    second[i] - best[i] > tau * (1.0 + best[i])
                 });
                 let same = (0..16).all(|k| codes[t][k] as f32 == want[t * 16 + k]);
                 if clear {
@@ -127,6 +140,7 @@ fn codec_encoder_stages_and_codes_match_the_oracle() {
 
         // Teacher-forced: each level from the oracle's own input.
         let d = sh["proj_sem"][1];
+        let (mut under, mut agree, mut total) = (0, 0, 0);
         for level in 0..16 {
             let input = if level == 0 {
                 &o["proj_sem"]
@@ -137,12 +151,19 @@ fn codec_encoder_stages_and_codes_match_the_oracle() {
             for (t, &c) in got.iter().enumerate() {
                 let i = t * 16 + level;
                 let (b, s) = (o["d2_best"][i], o["d2_second"][i]);
-                if s - b > TAU * (1.0 + b) {
+                if s - b > tau * (1.0 + b) {
                     assert_eq!(c as f32, o["codes"][i], "{case}: level {level} frame {t}");
+                } else {
+                    under += 1;
                 }
+                agree += (c as f32 == o["codes"][i]) as usize;
+                total += 1;
             }
             assert_eq!(got.len() * d, input.len());
         }
+        eprintln!(
+            "{case}: teacher-forced codes {agree}/{total} equal, {under} under the margin τ = {tau:e}"
+        );
     }
 }
 
@@ -152,7 +173,12 @@ fn speaker_encoder_stages_match_the_oracle() {
     let enc = SpeakerEncoder::load(&f)
         .unwrap()
         .expect("a Base mmproj has the speaker encoder");
-    let o = oracle("speaker_encoder");
+    check_speaker(&enc, &oracle("speaker_encoder"), 1e-4);
+}
+
+/// The speaker-encoder oracle: the mel basis, every stage within `tol` of its peak, the log-mel
+/// by the non-floor rule, the x-vector's cosine.
+fn check_speaker(enc: &SpeakerEncoder, o: &HashMap<String, Vec<f32>>, tol: f32) {
     assert_eq!(enc.dim(), o["xvector"].len());
     let basis = qtts::voice::mel::MelFrontEnd::new();
     let eb = common::max_abs(basis.basis(), &o["mel_basis"]);
@@ -180,7 +206,7 @@ fn speaker_encoder_stages_match_the_oracle() {
             if threads == 2 {
                 eprintln!("speaker {name}: {err:.2e} of peak");
             }
-            assert!(err <= 1e-4, "threads {threads} {name}: {err:e} of peak");
+            assert!(err <= tol, "threads {threads} {name}: {err:e} of peak");
         }
         assert_eq!(trace.len(), 24, "every stage traced");
         let cos = {
@@ -191,6 +217,36 @@ fn speaker_encoder_stages_match_the_oracle() {
         };
         assert!(cos >= 0.99999, "x-vector cosine {cos}");
     }
+}
+
+/// The real geometry (0.6B Base: full ECAPA, the released Mimi encoder) against
+/// `tools/oracle/make_voice.py --full DIR` (bf16 weights computed in f32; 2.4 GB, not committed):
+/// every stage within 5e-4 of its peak, codes exact where the margin exceeds τ = 1e-6·(1 + d²)
+/// (random 256-wide codebooks put d² near 1e3, so the tiny fixture's τ would excuse too much).
+/// Skipped, and said so, without `QTTS_VOICE_FULL=DIR`.
+#[test]
+fn full_size_encoders_match_the_oracle() {
+    let Some(dir) = std::env::var_os("QTTS_VOICE_FULL").map(std::path::PathBuf::from) else {
+        eprintln!(
+            "full-size voice oracle: skipped (set QTTS_VOICE_FULL to the output directory of \
+             tools/oracle/make_voice.py --full)"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = qtts::model::convert::convert(
+        &dir.join("model"),
+        Some(&common::tokenizer_dir()),
+        &tmp.path().join("out"),
+        OutType::F32,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let f = GgufFile::open(&out.mmproj).unwrap();
+    let spk = SpeakerEncoder::load(&f).unwrap().unwrap();
+    check_speaker(&spk, &oracle_in(&dir, "speaker_encoder"), 5e-4);
+    let mut enc = CodecEncoder::load(&f).unwrap().unwrap();
+    check_codec(&mut enc, &dir, "codec_encoder_long", 5e-4, 1e-6);
 }
 
 /// The ICL prompt (both text modes, both streaming branches) and the x-vector-only prompt built
