@@ -94,7 +94,14 @@ pub struct RunReport {
     /// Base models: the cloned voice every request speaks with.
     #[serde(default)]
     pub clone: Option<CloneReport>,
+    /// Time to first audio of one more request, after the measured one, with the same voice and
+    /// another text ([`OTHER_TEXT`]): only the prompt rows before the text are reused, ms.
+    #[serde(default)]
+    pub other_text_ttfa_ms: f64,
 }
+
+/// The text of the request after the measured one (`other_text_ttfa_ms`).
+pub const OTHER_TEXT: &str = "A different sentence, so the prompt's text rows are new.";
 
 /// Cloning on a Base model ([`measure_in`]): a synthetic speech-like reference of
 /// [`CLONE_REFERENCE_S`] seconds and transcript [`CLONE_TEXT`] is encoded, then spoken with.
@@ -329,6 +336,14 @@ pub fn measure_in(
         }
     }
     drop(device);
+    let other_text_ttfa_ms = {
+        let mut req = request(CLONE_FRESH_FRAMES);
+        req.input = qtts::talker::TextInput::Text(OTHER_TEXT.into());
+        let (summary, _) = engine
+            .synthesize(req, Box::new(qtts::audio::MemorySink::default()))
+            .wait();
+        summary?.ttfa.unwrap_or_default().as_secs_f64() * 1e3
+    };
     Ok(RunReport {
         frames: produced,
         audio_s,
@@ -352,6 +367,7 @@ pub fn measure_in(
         },
         minutes,
         clone,
+        other_text_ttfa_ms,
     })
 }
 
@@ -384,6 +400,8 @@ pub struct Medians {
     /// Base models: medians of the encode time, the fresh reference's TTFA and RTF, and the
     /// reference's length (s).
     pub clone: Option<(f64, f64, f64, f64)>,
+    /// Median TTFA of the request with another text, ms.
+    pub other_text_ttfa_ms: f64,
 }
 
 impl Medians {
@@ -411,6 +429,7 @@ impl Medians {
             underruns: over(&|r| r.underruns as f64),
             peak_rss_mib: over(&|r| r.peak_rss_mib),
             stages,
+            other_text_ttfa_ms: over(&|r| r.other_text_ttfa_ms),
             clone: runs.iter().any(|r| r.clone.is_some()).then(|| {
                 let c = |f: &dyn Fn(&CloneReport) -> f64| {
                     median(
@@ -593,6 +612,10 @@ pub fn table(rows: &[Row], reference: &[ReferenceReport]) -> String {
         );
     }
     for row in rows {
+        s += &format!(
+            "{}: TTFA of a request with another text after the measured one: {:.0} ms\n",
+            row.label, row.medians.other_text_ttfa_ms
+        );
         if let Some((encode, ttfa, rtf, seconds)) = row.medians.clone {
             s += &format!(
                 "{}: cloning a {seconds:.0} s reference: encode {encode:.0} ms; first request \
@@ -628,6 +651,7 @@ mod tests {
             rss_end_mib: 0.0,
             minutes: Vec::new(),
             clone: None,
+            other_text_ttfa_ms: 0.0,
         }
     }
 
