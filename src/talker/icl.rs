@@ -19,37 +19,37 @@ pub struct IclReference {
 
 impl Talker {
     /// A voice's reference, checked: with an x-vector, a transcript, and a finite embedded row
-    /// per frame.
-    pub(super) fn check_reference(&self, voice: &Voice) -> Result<(), TalkerError> {
-        if let Some(r) = &voice.reference {
-            let n = self.n_embd;
-            let ref_ids = self.reference_ids(&r.text)?;
-            if voice.xvector.is_none()
-                || ref_ids.is_empty()
-                || r.codes.is_empty()
-                || r.embedded.len() != r.codes.len() * n
-                || r.embedded.iter().any(|v| !v.is_finite())
-            {
-                return Err(TalkerError::SpeakerVector {
-                    expected: format!(
-                        "an x-vector with the reference, a non-empty transcript, and {n} finite \
-                         values per reference frame"
-                    ),
-                    found: format!(
-                        "x-vector {}, {} transcript tokens, {} frames, {} values",
-                        voice.xvector.is_some(),
-                        ref_ids.len(),
-                        r.codes.len(),
-                        r.embedded.len()
-                    ),
-                });
-            }
+    /// per frame. Returns the transcript's ids (`None` without a reference).
+    pub(super) fn check_reference(&self, voice: &Voice) -> Result<Option<Vec<u32>>, TalkerError> {
+        let Some(r) = &voice.reference else {
+            return Ok(None);
+        };
+        let n = self.n_embd;
+        let ref_ids = self.reference_ids(&r.text)?;
+        if voice.xvector.is_none()
+            || r.codes.is_empty()
+            || r.embedded.len() != r.codes.len() * n
+            || r.embedded.iter().any(|v| !v.is_finite())
+        {
+            return Err(TalkerError::SpeakerVector {
+                expected: format!(
+                    "an x-vector with the reference, a non-empty transcript, and {n} finite \
+                     values per reference frame"
+                ),
+                found: format!(
+                    "x-vector {}, {} transcript tokens, {} frames, {} values",
+                    voice.xvector.is_some(),
+                    ref_ids.len(),
+                    r.codes.len(),
+                    r.embedded.len()
+                ),
+            });
         }
-        Ok(())
+        Ok(Some(ref_ids))
     }
 
     /// The transcript's ids alone (`ref_ids[3..len − 2]`), checked.
-    pub(super) fn reference_ids(&self, text: &TextInput) -> Result<Vec<u32>, TalkerError> {
+    fn reference_ids(&self, text: &TextInput) -> Result<Vec<u32>, TalkerError> {
         let ids = match text {
             TextInput::Text(t) => self
                 .tokenizer
@@ -88,6 +88,7 @@ impl Talker {
     pub(super) fn icl_rows(
         &self,
         r: &IclReference,
+        ref_ids: &[u32],
         text: &[u32],
         mode: TextMode,
         rows: &mut Vec<f32>,
@@ -96,7 +97,7 @@ impl Talker {
         let t = &self.config.talker_config;
         let n = self.n_embd;
         let mut text_track = Vec::new();
-        for &id in self.reference_ids(&r.text)?.iter().chain(text) {
+        for &id in ref_ids.iter().chain(text) {
             self.push_row(&mut text_track, Some(id as usize), None)?;
         }
         text_track.extend_from_slice(&self.tts_eos);

@@ -667,7 +667,7 @@ impl Talker {
             }
             _ => None,
         };
-        self.check_reference(voice)?;
+        let ref_ids = self.check_reference(voice)?;
         if let Some(x) = &voice.xvector {
             if c.tts_model_type != ModelType::Base || speaker.is_some() {
                 return Err(TalkerError::SpeakerVector {
@@ -756,8 +756,8 @@ impl Talker {
 
         // The text.
         let mut trailing = Vec::new();
-        if let Some(r) = &voice.reference {
-            self.icl_rows(r, text, mode, &mut rows, &mut trailing)?;
+        if let (Some(r), Some(ref_ids)) = (&voice.reference, &ref_ids) {
+            self.icl_rows(r, ref_ids, text, mode, &mut rows, &mut trailing)?;
             return Ok(Prompt {
                 rows,
                 trailing,

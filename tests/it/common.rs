@@ -229,3 +229,65 @@ pub fn config() -> qtts::engine::EngineConfig {
         ..qtts::engine::EngineConfig::default()
     }
 }
+
+/// An oracle's `[frames, 16]` codes (read as f32) as frames.
+pub fn frames16(v: &[f32]) -> Vec<[u32; 16]> {
+    v.chunks_exact(16)
+        .map(|c| std::array::from_fn(|k| c[k] as u32))
+        .collect()
+}
+
+/// What [`step_greedy`] recorded: the raw talker logits before each frame and after the last,
+/// the talker's input of each step, and the codes (as f32, like the oracle's).
+pub struct Stepped {
+    /// `(frames + 1) × vocab` raw logits.
+    pub logits: Vec<f32>,
+    /// `frames × n_embd` step inputs.
+    pub steps: Vec<f32>,
+    /// `frames × 16` codes.
+    pub codes: Vec<f32>,
+}
+
+/// Runs `frames` frames of `prompt` one at a time, codebooks 1..15 greedy, recording every
+/// step (teacher-forced by construction: the codes are ours and must equal the oracle's).
+pub fn step_greedy(
+    session: &mut qtts::talker::Session,
+    cp: &mut qtts::code_predictor::CodePredictor,
+    pool: &qtts::ffi::Threadpool,
+    prompt: &qtts::talker::Prompt,
+    opts: &qtts::talker::GenOptions,
+    frames: usize,
+    name: &str,
+) -> Stepped {
+    use qtts::talker::Next;
+    let mut next = session.start(prompt, opts).unwrap();
+    let (mut logits, mut steps, mut codes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut embedded = vec![0.0; session.talker().n_embd()];
+    for f in 0..frames {
+        logits.extend_from_slice(session.raw_logits().unwrap());
+        let Next::Code(c0) = next else {
+            panic!("{name}: stopped at frame {f}: {next:?}")
+        };
+        let rest = cp
+            .frame(
+                pool,
+                session.hidden(),
+                c0,
+                &mut |_, l| qtts::sampling::argmax(l),
+                None,
+            )
+            .unwrap();
+        let mut frame = [c0; 16];
+        frame[1..].copy_from_slice(&rest);
+        codes.extend(frame.iter().map(|&c| c as f32));
+        cp.embed_frame(&frame, &mut embedded).unwrap();
+        next = session.feed(&embedded).unwrap();
+        steps.extend_from_slice(session.last_input());
+    }
+    logits.extend_from_slice(session.raw_logits().unwrap());
+    Stepped {
+        logits,
+        steps,
+        codes,
+    }
+}

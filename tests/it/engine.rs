@@ -387,10 +387,7 @@ fn cloned_voices_reproduce_the_oracle_in_the_engine() {
         let o = common::oracle(
             &common::fixture("voice").join(format!("oracle/{run_name}.safetensors")),
         );
-        let codes: Vec<[u32; 16]> = o["ref_code"]
-            .chunks_exact(16)
-            .map(|c| std::array::from_fn(|k| c[k] as u32))
-            .collect();
+        let codes = common::frames16(&o["ref_code"]);
         let embedded = qtts::voice::clone::embed_frames(&mm, &codes).unwrap();
         let reference = std::sync::Arc::new(IclReference {
             text: TextInput::TokenIds(o["ref_ids"].iter().map(|&x| x as u32).collect()),

@@ -65,7 +65,6 @@ fn greedy_generation_reproduces_the_oracle() {
         let name = &format!("{name} {runtime:?}");
         let mut cp = CodePredictor::load(&GgufFile::open(&out.mmproj).unwrap()).unwrap();
         let pool = Threadpool::new(1, &[]).unwrap();
-        let h = talker.n_embd();
         for (run, mode) in [
             ("generate_stream", TextMode::Streaming),
             ("generate_nonstream", TextMode::NonStreaming),
@@ -80,34 +79,22 @@ fn greedy_generation_reproduces_the_oracle() {
             let codes = &o["codes"];
             let frames = codes.len() / 16;
 
-            // Teacher-forced by construction (the codes are ours, and must equal the oracle's):
-            // one step past the oracle's frames, so that all its step inputs are built.
+            // Teacher-forced by construction: one step past the oracle's frames, so that all
+            // its step inputs are built.
             let mut session = Session::new(&talker, 64, 1, None, true).unwrap();
-            let mut next = session.start(&prompt, &greedy(frames + 1)).unwrap();
-            let (mut logits, mut steps, mut ours) = (Vec::new(), Vec::new(), Vec::new());
-            let mut embedded = vec![0.0; h];
-            for f in 0..frames {
-                logits.extend_from_slice(session.raw_logits().unwrap());
-                let Next::Code(c0) = next else {
-                    panic!("{name} {run}: stopped at frame {f}: {next:?}")
-                };
-                let rest = cp
-                    .frame(
-                        &pool,
-                        session.hidden(),
-                        c0,
-                        &mut |_, l| qtts::sampling::argmax(l),
-                        None,
-                    )
-                    .unwrap();
-                let mut frame = [c0; 16];
-                frame[1..].copy_from_slice(&rest);
-                ours.extend(frame.iter().map(|&c| c as f32));
-                cp.embed_frame(&frame, &mut embedded).unwrap();
-                next = session.feed(&embedded).unwrap();
-                steps.extend_from_slice(session.last_input());
-            }
-            logits.extend_from_slice(session.raw_logits().unwrap());
+            let common::Stepped {
+                logits,
+                steps,
+                codes: ours,
+            } = common::step_greedy(
+                &mut session,
+                &mut cp,
+                &pool,
+                &prompt,
+                &greedy(frames + 1),
+                frames,
+                &format!("{name} {run}"),
+            );
             let es = max_abs(&steps, &o["step_embeds"]);
             let el = max_abs(&logits, &o["talker_logits_raw"]);
             eprintln!("{name} {run}: prefill {ep:e}, steps {es:e}, talker logits {el:e}");

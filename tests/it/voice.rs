@@ -260,9 +260,7 @@ fn cloned_generation_reproduces_the_oracle() {
     use qtts::ffi::Threadpool;
     use qtts::sampling::SamplingParams;
     use qtts::synth::{generate_codes, Flow};
-    use qtts::talker::{
-        GenOptions, IclReference, Next, Session, Talker, TextInput, TextMode, Voice,
-    };
+    use qtts::talker::{GenOptions, IclReference, Session, Talker, TextInput, TextMode, Voice};
 
     let (_tmp, out) = common::convert_tiny("voice", OutType::F32);
     let talker = Talker::load(&out.talker).unwrap();
@@ -277,11 +275,6 @@ fn cloned_generation_reproduces_the_oracle() {
         seed: 0,
         max_frames: Some(frames),
         min_frames: qtts::talker::MIN_FRAMES,
-    };
-    let frames16 = |v: &[f32]| -> Vec<[u32; 16]> {
-        v.chunks_exact(16)
-            .map(|c| std::array::from_fn(|k| c[k] as u32))
-            .collect()
     };
     for (case, mode, icl) in [
         ("icl_stream", TextMode::Streaming, true),
@@ -298,7 +291,7 @@ fn cloned_generation_reproduces_the_oracle() {
             ..Voice::default()
         };
         let ref_codes = if icl {
-            frames16(&o["ref_code"])
+            common::frames16(&o["ref_code"])
         } else {
             Vec::new()
         };
@@ -322,31 +315,19 @@ fn cloned_generation_reproduces_the_oracle() {
         let frames = codes.len() / 16;
 
         let mut session = Session::new(&talker, 256, 1, None, true).unwrap();
-        let mut next = session.start(&prompt, &greedy(frames + 1)).unwrap();
-        let (mut logits, mut steps, mut ours) = (Vec::new(), Vec::new(), Vec::new());
-        let mut embedded = vec![0.0; h];
-        for f in 0..frames {
-            logits.extend_from_slice(session.raw_logits().unwrap());
-            let Next::Code(c0) = next else {
-                panic!("{case}: stopped at frame {f}: {next:?}")
-            };
-            let rest = cp
-                .frame(
-                    &pool,
-                    session.hidden(),
-                    c0,
-                    &mut |_, l| qtts::sampling::argmax(l),
-                    None,
-                )
-                .unwrap();
-            let mut frame = [c0; 16];
-            frame[1..].copy_from_slice(&rest);
-            ours.extend(frame.iter().map(|&c| c as f32));
-            cp.embed_frame(&frame, &mut embedded).unwrap();
-            next = session.feed(&embedded).unwrap();
-            steps.extend_from_slice(session.last_input());
-        }
-        logits.extend_from_slice(session.raw_logits().unwrap());
+        let common::Stepped {
+            logits,
+            steps,
+            codes: ours,
+        } = common::step_greedy(
+            &mut session,
+            &mut cp,
+            &pool,
+            &prompt,
+            &greedy(frames + 1),
+            frames,
+            case,
+        );
         let n_steps = o["step_embeds"].len();
         let es = common::max_abs(&steps[..n_steps], &o["step_embeds"]);
         let el = common::max_abs(&logits, &o["talker_logits_raw"]);
@@ -374,7 +355,7 @@ fn cloned_generation_reproduces_the_oracle() {
         // The waveform: the decoder primed with the reference, then the generated frames.
         dec.reset().unwrap();
         dec.prime(&pool, &ref_codes).unwrap();
-        let gen = frames16(codes);
+        let gen = common::frames16(codes);
         let mut wav = vec![0.0; gen.len() * 1920];
         dec.decode_frames(&pool, &gen, &mut wav).unwrap();
         let ew = common::max_abs(&wav, &o["wav"]);
@@ -398,12 +379,10 @@ fn a_primed_decoder_continues_the_one_shot_decode() {
     use qtts::ffi::Threadpool;
     let (_tmp, f) = mmproj();
     let o = oracle("decoder_primed");
-    let frames = |v: &[f32]| -> Vec<[u32; 16]> {
-        v.chunks_exact(16)
-            .map(|c| std::array::from_fn(|k| c[k] as u32))
-            .collect()
-    };
-    let (r, g) = (frames(&o["ref_codes"]), frames(&o["gen_codes"]));
+    let (r, g) = (
+        common::frames16(&o["ref_codes"]),
+        common::frames16(&o["gen_codes"]),
+    );
     let want = &o["wav_full"][r.len() * 1920..];
     let pool = Threadpool::new(1, &[]).unwrap();
     let mut dec = Decoder::load(&f).unwrap();

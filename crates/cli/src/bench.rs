@@ -20,7 +20,7 @@
 use serde::{Deserialize, Serialize};
 
 use qtts::audio::{ring, PacedDevice, FRAME_SAMPLES, SAMPLE_RATE};
-use qtts::engine::{Engine, EngineConfig, EngineError, Request};
+use qtts::engine::{Engine, EngineConfig, Request};
 use qtts::metrics::Metrics;
 use qtts::model::ModelFiles;
 
@@ -157,20 +157,11 @@ pub fn speech_like(seconds: f64) -> Vec<f32> {
 fn clone_voice(
     files: &ModelFiles,
     threads: usize,
-) -> Result<(qtts::voice::ClonedVoice, f64), EngineError> {
-    let bad = |e: qtts::voice::VoiceError| {
-        EngineError::Model(qtts::error::ModelError::Unsupported {
-            what: "bench clone".into(),
-            expected: "a Base model with both encoders".into(),
-            found: e.to_string(),
-        })
-    };
+) -> Result<(qtts::voice::ClonedVoice, f64), qtts::voice::VoiceError> {
     let reference = speech_like(CLONE_REFERENCE_S);
-    let mut cloner = qtts::voice::Cloner::load(files, threads).map_err(bad)?;
+    let mut cloner = qtts::voice::Cloner::load(files, threads)?;
     let t = std::time::Instant::now();
-    let v = cloner
-        .clone_voice(&reference, Some(CLONE_TEXT))
-        .map_err(bad)?;
+    let v = cloner.clone_voice(&reference, Some(CLONE_TEXT))?;
     Ok((v, t.elapsed().as_secs_f64() * 1e3))
 }
 
@@ -225,7 +216,7 @@ pub fn measure_in(
     frames: usize,
     request_frames: usize,
     prebuffer_ms: f64,
-) -> Result<RunReport, EngineError> {
+) -> anyhow::Result<RunReport> {
     let request_frames = request_frames.max(1);
     let threads = config.plan.all_cores().len().max(1);
     let mut engine = Engine::load(files, config)?;
@@ -238,19 +229,12 @@ pub fn measure_in(
         let (v, encode_ms) = clone_voice(files, threads)?;
         let mm = qtts::gguf::GgufFile::open(&files.mmproj)?;
         let lang = Some("english".to_string());
-        let bad = |e: qtts::voice::VoiceError| {
-            EngineError::Model(qtts::error::ModelError::Unsupported {
-                what: "bench voice".into(),
-                expected: "a voice for this model".into(),
-                found: e.to_string(),
-            })
-        };
         let mut xvector_only = v.clone();
         xvector_only.codes.clear();
         xvector_only.text = None;
         Some((
-            qtts::voice::speaking_voice(&mm, &v, lang.clone()).map_err(bad)?,
-            qtts::voice::speaking_voice(&mm, &xvector_only, lang).map_err(bad)?,
+            qtts::voice::speaking_voice(&mm, &v, lang.clone())?,
+            qtts::voice::speaking_voice(&mm, &xvector_only, lang)?,
             encode_ms,
             v.codes.len(),
         ))

@@ -9,21 +9,23 @@ use std::process::{Command, Output};
 use common::max_abs;
 use qtts::model::convert::OutType;
 
-fn qtts(args: &[&str], home: &Path) -> Output {
+/// Runs the command with `home` as its home and cache, and no voice store of the user's.
+pub(crate) fn qtts(args: &[&str], home: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_qtts"))
         .args(args)
         .env("HOME", home)
         .env("XDG_CACHE_HOME", home.join("cache"))
+        .env_remove("QTTS_VOICES")
         .env("RUST_BACKTRACE", "0")
         .output()
         .unwrap()
 }
 
-fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn read_wav(p: &Path) -> Vec<f32> {
+pub(crate) fn read_wav(p: &Path) -> Vec<f32> {
     hound::WavReader::open(p)
         .unwrap()
         .samples::<f32>()

@@ -3,31 +3,19 @@
 use crate::common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+
+use crate::cli::{qtts, read_wav, stderr};
 
 use qtts::model::convert::OutType;
 
-fn qtts(args: &[&str], home: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qtts"))
-        .args(args)
-        .env("HOME", home)
-        .env("XDG_CACHE_HOME", home.join("cache"))
-        .env_remove("QTTS_VOICES")
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn samples(p: &Path) -> Vec<f32> {
-    hound::WavReader::open(p)
-        .unwrap()
-        .samples::<f32>()
-        .map(Result::unwrap)
-        .collect()
+/// Runs the command, which must fail saying `says`.
+fn fails(args: &[&str], home: &Path, says: &str) {
+    let o = qtts(args, home);
+    assert!(
+        !o.status.success() && stderr(&o).contains(says),
+        "{args:?}: {}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -93,7 +81,7 @@ fn a_voice_is_added_listed_spoken_and_removed() {
         args.extend_from_slice(extra);
         let o = qtts(&args, home);
         assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
-        samples(&wav)
+        read_wav(&wav)
     };
     let saved = speak(&["--voice", "anna", "--voices", v], "saved.wav");
     let once = speak(
@@ -112,7 +100,7 @@ fn a_voice_is_added_listed_spoken_and_removed() {
     );
 
     // Mistakes get a message.
-    let o = qtts(
+    fails(
         &[
             "synth",
             "x",
@@ -128,15 +116,11 @@ fn a_voice_is_added_listed_spoken_and_removed() {
             "/dev/null",
         ],
         home,
-    );
-    assert!(
-        !o.status.success() && stderr(&o).contains("takes no --speaker"),
-        "{}",
-        stderr(&o)
+        "takes no --speaker",
     );
     let text = home.join("notes.wav");
     std::fs::write(&text, "not a recording").unwrap();
-    let o = qtts(
+    fails(
         &[
             "voice",
             "add",
@@ -149,29 +133,21 @@ fn a_voice_is_added_listed_spoken_and_removed() {
             v,
         ],
         home,
-    );
-    assert!(
-        !o.status.success() && stderr(&o).contains("not audio"),
-        "{}",
-        stderr(&o)
+        "not audio",
     );
     let (_t2, cv) = common::convert_tiny("tiny", OutType::F32);
     let cv = cv.talker.parent().unwrap().to_str().unwrap().to_owned();
-    let o = qtts(
+    fails(
         &[
             "voice", "add", "b", "--audio", r, "--model", &cv, "--voices", v,
         ],
         home,
-    );
-    assert!(
-        !o.status.success() && stderr(&o).contains("needs a Base model"),
-        "{}",
-        stderr(&o)
+        "needs a Base model",
     );
 
     let rm = qtts(&["voice", "rm", "anna", "--voices", v], home);
     assert!(rm.status.success(), "{}", stderr(&rm));
-    let o = qtts(
+    fails(
         &[
             "synth",
             "x",
@@ -185,10 +161,6 @@ fn a_voice_is_added_listed_spoken_and_removed() {
             "/dev/null",
         ],
         home,
-    );
-    assert!(
-        !o.status.success() && stderr(&o).contains("no saved voice \"anna\""),
-        "{}",
-        stderr(&o)
+        "no saved voice \"anna\"",
     );
 }
