@@ -233,16 +233,18 @@ impl<'a> Builder<'a> {
 /// `in.codes_rest` (`15n` row indices into the stacked codebooks 1..15, frame-major), `in.pos`
 /// (the frames' positions) and `in.mask` (`[window − 1 + n, n]` attention mask); output `out.wav`
 /// (`n · samples_per_frame` samples), stages `stage.*`; the state is written back last.
-#[allow(clippy::too_many_arguments)]
+///
+/// With `head`, the graph stops after the transformer and has no output: it advances the state
+/// of the pre-conv and the transformer only, for [`super::Decoder::prime`].
+/// `(w, s)`: the weights and the stream's state; `(host, bf16)`: how products are computed.
 pub(super) fn build_chunk(
-    w: &SharedContext,
-    s: &SharedContext,
+    (w, s): (&SharedContext, &SharedContext),
     g: &Geometry,
     n: usize,
     keep_stages: bool,
+    head: bool,
     fused_snake: bool,
-    host: bool,
-    bf16: Option<bf16::Kernel>,
+    (host, bf16): (bool, Option<bf16::Kernel>),
 ) -> Result<OwnedGraph, GgmlError> {
     // The graph reads the weights of `w`, and reads and writes the stream's state in `s`.
     OwnedGraph::build_allocated(keep_stages.then_some("stage."), &[w, s], |c| {
@@ -258,11 +260,17 @@ pub(super) fn build_chunk(
             },
             g,
             n,
+            head,
         )
     })
 }
 
-fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>, GgmlError> {
+fn build_nodes(
+    b: &mut Builder<'_>,
+    g: &Geometry,
+    n: usize,
+    head: bool,
+) -> Result<Vec<Node>, GgmlError> {
     let c = b.c;
     let p = "a.gen.wav";
 
@@ -335,6 +343,9 @@ fn build_nodes(b: &mut Builder<'_>, g: &Geometry, n: usize) -> Result<Vec<Node>,
     )?;
     let mut x = b.linear(x, &format!("{t}.out_proj"))?;
     x.set_name("stage.pre_transformer");
+    if head {
+        return Ok(b.writes.iter().map(|t| t.node()).collect());
+    }
 
     // ConvNeXt upsamplers.
     let mut rows = n;

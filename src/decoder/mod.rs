@@ -250,6 +250,9 @@ pub struct Decoder {
     geometry: Geometry,
     /// Graph of a chunk of `i + 1` frames, once built.
     graphs: Vec<Option<OwnedGraph>>,
+    /// Graph of the head of a chunk of `i + 1` frames (up to the transformer, for
+    /// [`Decoder::prime`]), once built.
+    heads: Vec<Option<OwnedGraph>>,
     /// Names of the state tensors in `state`, for [`Decoder::reset`].
     state_names: Vec<String>,
     /// Frames decoded since the last reset (the next frame's RoPE position).
@@ -508,6 +511,7 @@ impl Decoder {
         let mut v = Decoder {
             geometry: g,
             graphs: Vec::new(),
+            heads: Vec::new(),
             state_names: shapes.into_iter().map(|(n, _)| n).collect(),
             pos: 0,
             non_finite: 0,
@@ -550,6 +554,7 @@ impl Decoder {
     /// longer chunks compute faster per frame but their graphs take memory.
     pub fn set_max_chunk(&mut self, n: usize) {
         self.graphs.resize_with(n.max(1), || None);
+        self.heads.resize_with(n.max(1), || None);
     }
 
     /// Frames decoded since the last reset.
@@ -592,6 +597,7 @@ impl Decoder {
     pub fn set_fused_snake(&mut self, on: bool) {
         if on != self.fused_snake {
             self.graphs.iter_mut().for_each(|g| *g = None);
+            self.heads.iter_mut().for_each(|g| *g = None);
         }
         self.fused_snake = on;
     }
@@ -605,19 +611,26 @@ impl Decoder {
     }
 
     fn ensure_graph(&mut self, n: usize) -> Result<(), GgmlError> {
-        if self.graphs[n - 1].is_none() {
-            let keep = self.capture.is_some();
+        self.ensure(n, false)
+    }
+
+    /// Builds the graph of a chunk of `n` frames if needed: the whole decoder, or only its head
+    /// (`head`: up to the transformer, for [`Decoder::prime`]).
+    fn ensure(&mut self, n: usize, head: bool) -> Result<(), GgmlError> {
+        let slot = if head { &self.heads } else { &self.graphs };
+        if slot[n - 1].is_none() {
+            let keep = self.capture.is_some() && !head;
             let g = build_chunk(
-                &self.weights,
-                &self.state,
+                (&self.weights, &self.state),
                 &self.geometry,
                 n,
                 keep,
+                head,
                 self.fused_snake,
-                self.host,
-                self.bf16,
+                (self.host, self.bf16),
             )?;
-            self.graphs[n - 1] = Some(g);
+            let slot = if head { &mut self.heads } else { &mut self.graphs };
+            slot[n - 1] = Some(g);
         }
         Ok(())
     }
@@ -668,20 +681,23 @@ impl Decoder {
         for chunk in codes.chunks(self.max_chunk()) {
             let n = chunk.len();
             let dst = &mut out[done.samples..done.samples + n * spf];
-            done.non_finite += self.decode_chunk(pool, chunk, dst)?;
+            done.non_finite += self.run_chunk(pool, chunk, Some(dst))?;
             done.samples += n * spf;
         }
         Ok(done)
     }
 
-    fn decode_chunk(
+    /// Decodes a chunk into `out`; or, without `out`, runs only the head of the decoder on it (up
+    /// to the transformer, whose state it advances, for [`Decoder::prime`]). Returns the
+    /// non-finite samples written as 0.
+    fn run_chunk(
         &mut self,
         pool: &Threadpool,
         codes: &[[u32; CODEBOOKS]],
-        out: &mut [f32],
+        out: Option<&mut [f32]>,
     ) -> Result<usize, GgmlError> {
         let n = codes.len();
-        self.ensure_graph(n)?;
+        self.ensure(n, out.is_none())?;
         let g = &self.geometry;
         let (w, p0) = (g.window, self.pos);
         let missing = |name: &str| GgmlError::Shape {
@@ -689,7 +705,8 @@ impl Decoder {
             expected: name.to_owned(),
             found: "none".into(),
         };
-        let Some(graph) = self.graphs[n - 1].as_mut() else {
+        let slot = if out.is_some() { &mut self.graphs } else { &mut self.heads };
+        let Some(graph) = slot[n - 1].as_mut() else {
             return Err(missing("graph"));
         };
         let input = |name: &str| graph.tensor(name).ok_or_else(|| missing(name));
@@ -721,6 +738,10 @@ impl Decoder {
         }
         input("in.mask")?.write_f32(mask)?;
         graph.compute(pool)?;
+        let Some(out) = out else {
+            self.pos += n;
+            return Ok(0);
+        };
         graph
             .tensor("out.wav")
             .ok_or_else(|| missing("out.wav"))?
