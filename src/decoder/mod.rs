@@ -629,7 +629,11 @@ impl Decoder {
                 self.fused_snake,
                 (self.host, self.bf16),
             )?;
-            let slot = if head { &mut self.heads } else { &mut self.graphs };
+            let slot = if head {
+                &mut self.heads
+            } else {
+                &mut self.graphs
+            };
             slot[n - 1] = Some(g);
         }
         Ok(())
@@ -705,7 +709,11 @@ impl Decoder {
             expected: name.to_owned(),
             found: "none".into(),
         };
-        let slot = if out.is_some() { &mut self.graphs } else { &mut self.heads };
+        let slot = if out.is_some() {
+            &mut self.graphs
+        } else {
+            &mut self.heads
+        };
         let Some(graph) = slot[n - 1].as_mut() else {
             return Err(missing("graph"));
         };

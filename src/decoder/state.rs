@@ -32,8 +32,8 @@ impl Geometry {
         let mut row = -k; // the post-conv's history
         for &r in self.upsample_rates.iter().rev() {
             row -= k * (1 + 3 + 9); // the residual units' dilated convs
-            // The transposed conv (kernel 2r, stride r): output row o reads input rows ⌊o/r⌋
-            // and the one before.
+                                    // The transposed conv (kernel 2r, stride r): output row o reads input rows ⌊o/r⌋
+                                    // and the one before.
             row = row.div_euclid(r as i64) - 1;
         }
         row -= k; // the first conv

@@ -85,6 +85,8 @@ impl Talker {
     /// the reference frames. Non-streaming: all the text over `codec_pad`, then the codec track
     /// over `tts_pad`. Streaming: the two tracks summed row by row over the codec track's length,
     /// the text left over (if longer) trailing into the steps, `tts_pad` padding it (if shorter).
+    /// Trailing (not official): as streaming, with the target text moved after the codec track
+    /// (`tts_pad` between), so that the rows depend on the reference alone.
     pub(super) fn icl_rows(
         &self,
         r: &IclReference,
@@ -96,15 +98,24 @@ impl Talker {
     ) -> Result<(), TalkerError> {
         let t = &self.config.talker_config;
         let n = self.n_embd;
-        let mut text_track = Vec::new();
-        for &id in ref_ids.iter().chain(text) {
-            self.push_row(&mut text_track, Some(id as usize), None)?;
-        }
-        text_track.extend_from_slice(&self.tts_eos);
         let mut codec_track = vec![0.0; n];
         self.add_row(self.n_text + t.codec_bos_id as usize, &mut codec_track)?;
         codec_track.extend_from_slice(&r.embedded);
-        let (lt, lc) = (text_track.len() / n, codec_track.len() / n);
+        let lc = codec_track.len() / n;
+        let mut text_track = Vec::new();
+        for &id in ref_ids {
+            self.push_row(&mut text_track, Some(id as usize), None)?;
+        }
+        if mode == TextMode::Trailing {
+            while text_track.len() < lc * n {
+                text_track.extend_from_slice(&self.tts_pad);
+            }
+        }
+        for &id in text {
+            self.push_row(&mut text_track, Some(id as usize), None)?;
+        }
+        text_track.extend_from_slice(&self.tts_eos);
+        let lt = text_track.len() / n;
         match mode {
             TextMode::NonStreaming => {
                 for row in text_track.chunks_exact(n) {
@@ -116,7 +127,7 @@ impl Talker {
                     rows.extend(row.iter().zip(&self.tts_pad).map(|(c, p)| c + p));
                 }
             }
-            TextMode::Streaming => {
+            TextMode::Streaming | TextMode::Trailing => {
                 for i in 0..lc {
                     let text_row = if i < lt {
                         &text_track[i * n..(i + 1) * n]

@@ -167,6 +167,14 @@ pub enum TextMode {
     /// The whole text in the prefill (`non_streaming_mode=True`, the wrapper's default for
     /// CustomVoice and VoiceDesign).
     NonStreaming,
+    /// As [`TextMode::Streaming`], except that with a cloned voice's reference the target text
+    /// does not enter the in-context prompt: the reference's transcript alone lies over its codes
+    /// and the target text follows one token per frame. The prompt then depends on the voice
+    /// alone, so a saved voice's prompt is reused whole by the next request and its first audio
+    /// comes as soon as a CustomVoice speaker's. **Not the official layout** (which overlays the
+    /// target text on the reference's codes, `../shared/design/voice-clone.md` §4.3); its quality
+    /// is unverified without real weights. Without a reference it is [`TextMode::Streaming`].
+    Trailing,
 }
 
 /// The text of one utterance.
@@ -766,7 +774,7 @@ impl Talker {
             });
         }
         match mode {
-            TextMode::Streaming => {
+            TextMode::Streaming | TextMode::Trailing => {
                 self.push_row(&mut rows, Some(text[0] as usize), Some(t.codec_bos_id))?;
                 for &id in &text[1..] {
                     self.push_row(&mut trailing, Some(id as usize), None)?;

@@ -409,7 +409,10 @@ fn a_primed_decoder_continues_the_one_shot_decode() {
     // gives the samples of a prime through the whole stack up to round-off, and one frame fewer
     // does not (so the count is the least that is exact, and the test can fail).
     let tail = dec.geometry().prime_frames();
-    assert!(tail < r.len(), "the reference is longer than the primed tail");
+    assert!(
+        tail < r.len(),
+        "the reference is longer than the primed tail"
+    );
     let mut whole = vec![0.0; g.len() * 1920];
     dec.reset().unwrap();
     dec.prime_with_tail(&pool, &r, r.len()).unwrap();
@@ -422,4 +425,81 @@ fn a_primed_decoder_continues_the_one_shot_decode() {
         eprintln!("primed through the last {t} frames: {e:.2e} from the whole prime");
         assert_eq!(e < 1e-6, exact, "tail {t}: {e:e}");
     }
+}
+
+/// The non-official trailing layout is the official streaming one for a transcript padded with
+/// `tts_pad` tokens to the reference's codec rows (so the target text trails them all): its rows
+/// depend on the voice alone, and a session reuses all of them but the last for another text.
+#[test]
+fn the_trailing_layout_is_the_official_one_with_a_padded_transcript() {
+    use qtts::code_predictor::CodePredictor;
+    use qtts::talker::{GenOptions, IclReference, Session, Talker, TextInput, TextMode, Voice};
+    use std::sync::Arc;
+
+    let (_tmp, out) = common::convert_tiny("voice", OutType::F32);
+    let talker = Talker::load(&out.talker).unwrap();
+    let mm = GgufFile::open(&out.mmproj).unwrap();
+    let mut cp = CodePredictor::load(&mm).unwrap();
+    let h = talker.n_embd();
+    let o = oracle("icl_stream");
+    let ids: Vec<u32> = o["input_ids"].iter().map(|&x| x as u32).collect();
+    let ref_ids: Vec<u32> = o["ref_ids"].iter().map(|&x| x as u32).collect();
+    let codes = common::frames16(&o["ref_code"]);
+    let mut embedded = vec![0.0; codes.len() * h];
+    for (f, row) in codes.iter().zip(embedded.chunks_exact_mut(h)) {
+        cp.embed_frame(f, row).unwrap();
+    }
+    let voice = |transcript: Vec<u32>| Voice {
+        language: Some("english".into()),
+        xvector: Some(o["xvector"].clone()),
+        reference: Some(Arc::new(IclReference {
+            text: TextInput::TokenIds(transcript),
+            codes: codes.clone(),
+            embedded: embedded.clone(),
+        })),
+        ..Voice::default()
+    };
+    // The wrapped transcript (`<|im_start|>assistant\n{R}<|im_end|>\n`) padded up to the codec
+    // track's `1 + frames` rows.
+    let (lr, lc) = (ref_ids.len() - 5, codes.len() + 1);
+    assert!(
+        lr < lc,
+        "the fixture's transcript is shorter than its codes"
+    );
+    let mut padded = ref_ids.clone();
+    let pad = talker.config().tts_pad_token_id;
+    padded.splice(ref_ids.len() - 2..ref_ids.len() - 2, vec![pad; lc - lr]);
+
+    let text = TextInput::TokenIds(ids);
+    let trailing = talker
+        .prompt(&text, &voice(ref_ids.clone()), TextMode::Trailing)
+        .unwrap();
+    let official = talker
+        .prompt(&text, &voice(padded), TextMode::Streaming)
+        .unwrap();
+    assert_eq!(trailing, official);
+    // The official layout overlays the text on the reference: fewer rows, no trailing text.
+    let overlaid = talker
+        .prompt(&text, &voice(ref_ids.clone()), TextMode::Streaming)
+        .unwrap();
+    assert!(
+        overlaid.trailing.is_empty() && trailing.trailing.len() / h == o["input_ids"].len() - 7
+    );
+
+    // Another text: the same rows, so all but the last are reused.
+    let other = talker
+        .prompt(
+            &TextInput::Text("Something else entirely.".into()),
+            &voice(ref_ids),
+            TextMode::Trailing,
+        )
+        .unwrap();
+    assert_eq!(other.rows, trailing.rows);
+    assert_ne!(other.trailing, trailing.trailing);
+    let opts = GenOptions::from_config(talker.generation_config(), 3);
+    let mut session = Session::new(&talker, 512, 1, None, false).unwrap();
+    session.start(&trailing, &opts).unwrap();
+    session.feed(&vec![0.01; h]).unwrap();
+    session.start(&other, &opts).unwrap();
+    assert_eq!(session.reused_rows(), other.len() - 1);
 }

@@ -98,6 +98,13 @@ fn a_voice_is_added_listed_spoken_and_removed() {
         xvector_only != once,
         "without a transcript the voice is the x-vector alone"
     );
+    // The non-official trailing layout speaks the saved voice, from another prompt.
+    let trailing = speak(
+        &["--voice", "anna", "--voices", v, "--text-mode", "trailing"],
+        "trailing.wav",
+    );
+    assert_eq!(trailing.len(), 4 * 1920);
+    assert!(trailing != saved, "the target text is not in the prompt");
 
     // Mistakes get a message.
     fails(
