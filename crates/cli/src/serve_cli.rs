@@ -24,9 +24,15 @@ pub struct ServeArgs {
     /// Seconds a request may wait in the queue before it is answered 503.
     #[arg(long, default_value_t = 30.0)]
     queue_timeout: f64,
-    /// Voice profiles: a directory of NAME.json ({"speaker","language","instruct","xvector"}).
+    /// Voice profiles: a directory of NAME.json ({"speaker","language","instruct","xvector"}), or
+    /// of voices saved by `qtts voice add` (Base models), or both.
     #[arg(long)]
     voices: Option<PathBuf>,
+    /// How a request's text enters the prompt unless it gives `non_streaming_mode`: `trailing`
+    /// makes a saved voice's first audio as fast as a speaker's, in a layout that is not the
+    /// official one (see `qtts speak --help`).
+    #[arg(long, value_enum, default_value = "streaming")]
+    text_mode: qtts::talker::TextMode,
     /// Require `Authorization: Bearer KEY` on /v1 (default: no key, the header is ignored).
     #[arg(long)]
     api_key: Option<String>,
@@ -117,17 +123,17 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     };
     let worker = Worker::load(&model.files, config, a.queue).context("loading the engine")?;
     let voices = match &a.voices {
-        Some(dir) => qtts_serve::voices::Voices::load(dir, worker.info())?,
+        Some(dir) => {
+            let mm = qtts::gguf::GgufFile::open(&model.files.mmproj)?;
+            qtts_serve::voices::Voices::load(dir, worker.info(), Some(&mm))?
+        }
         None => Default::default(),
     };
     let id = model_id(worker.info());
-    let svc = std::sync::Arc::new(qtts_serve::Service::new(
-        worker,
-        limits,
-        voices,
-        id,
-        model.description.clone(),
-    ));
+    let svc = std::sync::Arc::new(
+        qtts_serve::Service::new(worker, limits, voices, id, model.description.clone())
+            .with_text_mode(a.text_mode),
+    );
     let opts = qtts_serve::Options {
         http,
         wyoming,

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use crate::metrics::{CancelLabels, Reason, ServerMetrics};
 use crate::voices::Voices;
+use qtts::talker::TextMode;
 
 /// Per-request limits and timeouts.
 #[derive(Debug, Clone)]
@@ -108,6 +109,9 @@ pub struct Service {
     pub model_id: String,
     /// `custom_voice 0b6 q4_k (path)`.
     pub description: String,
+    /// How a request's text enters the prompt unless it says (`non_streaming_mode`); default
+    /// streaming ([`Service::with_text_mode`]).
+    pub text_mode: TextMode,
     draining: AtomicBool,
     ready: AtomicBool,
     /// Set when the engine reported a dead stage: liveness fails, so the process is restarted.
@@ -135,12 +139,20 @@ impl Service {
             voices,
             model_id,
             description,
+            text_mode: TextMode::Streaming,
             draining: AtomicBool::new(false),
             ready: AtomicBool::new(false),
             broken: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             mean_duration: AtomicU64::new(1.0f64.to_bits()),
         }
+    }
+
+    /// Requests take `mode` unless they say otherwise (`qtts serve --text-mode`; `Trailing` lets a
+    /// saved cloned voice's prompt be reused whole, see [`TextMode::Trailing`]).
+    pub fn with_text_mode(mut self, mode: TextMode) -> Service {
+        self.text_mode = mode;
+        self
     }
 
     /// What the model offers.

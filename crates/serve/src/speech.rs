@@ -202,7 +202,7 @@ pub(crate) fn parse(svc: &Service, opts: &HttpOptions, body: &[u8]) -> Result<Pa
         return Err(ApiError::bad(
             "not_supported",
             Some("ref_audio"),
-            "voice cloning from reference audio is not available yet; give a saved voice or 'speaker_embedding'",
+            "cloning from reference audio per request is not served; save the voice with `qtts voice add` and start the server with --voices on its directory, or give 'speaker_embedding'",
         ));
     }
     if let Some(t) = &b.task_type {
@@ -290,9 +290,11 @@ pub(crate) fn parse(svc: &Service, opts: &HttpOptions, body: &[u8]) -> Result<Pa
     }
     let mut req = Request::text(input);
     req.voice = voice;
-    if b.non_streaming_mode == Some(true) {
-        req.mode = TextMode::NonStreaming;
-    }
+    req.mode = match b.non_streaming_mode {
+        Some(true) => TextMode::NonStreaming,
+        Some(false) if svc.text_mode == TextMode::NonStreaming => TextMode::Streaming,
+        _ => svc.text_mode,
+    };
     if let Some(s) = b.seed {
         req.seed = s;
     }

@@ -4,13 +4,16 @@
 //! A profile is `DIR/NAME.json`:
 //! `{"speaker": "ryan", "language": "english", "instruct": "...", "xvector": [f32, ...]}`, every
 //! field optional (an instruction preset for VoiceDesign, a saved x-vector for Base, a speaker
-//! with a default language for CustomVoice).
+//! with a default language for CustomVoice); or a voice cloned by `qtts voice add` (a `qtts-voice`
+//! file, for the Base model it was made with), so `--voices` may name the saved voices' directory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use qtts::engine::EngineInfo;
+use qtts::gguf::GgufFile;
 use qtts::talker::Voice;
+use qtts::voice::ClonedVoice;
 
 /// OpenAI's built-in voice names, answered with the model's speakers in turn.
 pub const OPENAI_VOICES: [&str; 13] = [
@@ -54,6 +57,14 @@ pub enum VoicesError {
         /// What is wrong.
         message: String,
     },
+    /// A voice file made by `qtts voice add` cannot be spoken by this model.
+    #[error("saved voice {path}: {source}")]
+    Cloned {
+        /// Which file.
+        path: PathBuf,
+        /// Why.
+        source: qtts::voice::VoiceError,
+    },
 }
 
 #[derive(serde::Deserialize)]
@@ -73,8 +84,13 @@ pub struct Voices {
 
 impl Voices {
     /// Loads every `*.json` of `dir`, checking each against the model (speaker, language,
-    /// x-vector size).
-    pub fn load(dir: &Path, info: &EngineInfo) -> Result<Voices, VoicesError> {
+    /// x-vector size). A cloned voice (`qtts voice add`) is checked against the model's `mmproj`
+    /// and its reference embedded with it; without `mmproj` it is refused.
+    pub fn load(
+        dir: &Path,
+        info: &EngineInfo,
+        mmproj: Option<&GgufFile>,
+    ) -> Result<Voices, VoicesError> {
         let read = |path: &Path, source| VoicesError::Read {
             path: path.to_path_buf(),
             source,
@@ -92,7 +108,28 @@ impl Voices {
                 message,
             };
             let text = std::fs::read_to_string(&path).map_err(|e| read(&path, e))?;
-            let p: Profile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().to_lowercase())
+                .unwrap_or_default();
+            let value: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+            if value.get("format").and_then(|f| f.as_str()) == Some(qtts::voice::store::FORMAT) {
+                let cloned = |source| VoicesError::Cloned {
+                    path: path.clone(),
+                    source,
+                };
+                let Some(mm) = mmproj else {
+                    return Err(bad(
+                        "a cloned voice needs the model's files to be spoken".into()
+                    ));
+                };
+                let v = ClonedVoice::read(&path).map_err(cloned)?;
+                let voice = qtts::voice::speaking_voice(mm, &v, None).map_err(cloned)?;
+                profiles.insert(name, voice);
+                continue;
+            }
+            let p: Profile = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
             if let Some(s) = &p.speaker {
                 if !info.speakers.iter().any(|k| k.eq_ignore_ascii_case(s)) {
                     return Err(bad(format!(
@@ -120,10 +157,6 @@ impl Voices {
                     )));
                 }
             }
-            let name = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().to_lowercase())
-                .unwrap_or_default();
             profiles.insert(
                 name,
                 Voice {
@@ -292,11 +325,19 @@ mod tests {
             r#"{"speaker":"vivian","language":"en"}"#,
         )
         .unwrap();
-        let v = Voices::load(dir.path(), &i).unwrap();
+        let v = Voices::load(dir.path(), &i, None).unwrap();
         let n = v.resolve(Some("narrator"), &i).unwrap();
         assert_eq!(n.language.as_deref(), Some("english"));
         std::fs::write(dir.path().join("bad.json"), r#"{"xvector":[1.0]}"#).unwrap();
-        let e = Voices::load(dir.path(), &i).unwrap_err().to_string();
+        let e = Voices::load(dir.path(), &i, None).unwrap_err().to_string();
         assert!(e.contains("bad.json") && e.contains("takes 4"), "{e}");
+        std::fs::remove_file(dir.path().join("bad.json")).unwrap();
+        // A cloned voice is not read as a profile; it needs the model's files.
+        std::fs::write(dir.path().join("anna.json"), r#"{"format":"qtts-voice"}"#).unwrap();
+        let e = Voices::load(dir.path(), &i, None).unwrap_err().to_string();
+        assert!(
+            e.contains("anna.json") && e.contains("model's files"),
+            "{e}"
+        );
     }
 }

@@ -561,6 +561,7 @@ async fn speak(
     }
     let mut req = qtts::engine::Request::text(text);
     req.voice = v;
+    req.mode = svc.text_mode;
     req.frame_limit = Some(svc.limits.max_frames);
     let mut job = svc.admit(req, "wyoming").map_err(|r| {
         Some(match r {

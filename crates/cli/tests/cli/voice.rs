@@ -8,6 +8,64 @@ use crate::cli::{qtts, read_wav, stderr};
 
 use qtts::model::convert::OutType;
 
+/// Starts `qtts serve` on `model` with the voices of `voices`, asks for 4 frames of "anna" as
+/// PCM, and returns the body.
+fn serve_once(model: &str, voices: &str, home: &Path) -> Vec<u8> {
+    use std::io::{BufRead, Read, Write};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_qtts"))
+        .args([
+            "serve",
+            "--model",
+            model,
+            "--voices",
+            voices,
+            "--http",
+            "127.0.0.1:0",
+            "--wyoming",
+            "none",
+            "--cores",
+            "1",
+            "--text-mode",
+            "trailing",
+        ])
+        .env("HOME", home)
+        .env("XDG_CACHE_HOME", home.join("cache"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http="))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    let body = r#"{"model":"tts-1","input":"How are you?","voice":"anna","response_format":"pcm","stream":false,"max_new_tokens":4,"language":"english","seed":1}"#;
+    let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        tcp,
+        "POST /v1/audio/speech HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    tcp.read_to_end(&mut answer).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&answer[..split]);
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "{head}\n{}",
+        String::from_utf8_lossy(&answer)
+    );
+    answer[split + 4..].to_vec()
+}
+
 /// Runs the command, which must fail saying `says`.
 fn fails(args: &[&str], home: &Path, says: &str) {
     let o = qtts(args, home);
@@ -150,6 +208,25 @@ fn a_voice_is_added_listed_spoken_and_removed() {
         ],
         home,
         "needs a Base model",
+    );
+
+    // `qtts serve --voices` speaks the saved voice by name; a server of another model refuses it.
+    let pcm = serve_once(&model, v, home);
+    assert_eq!(pcm.len(), 4 * 1920 * 2, "4 frames of s16");
+    fails(
+        &[
+            "serve",
+            "--model",
+            &cv,
+            "--voices",
+            v,
+            "--http",
+            "127.0.0.1:0",
+            "--wyoming",
+            "none",
+        ],
+        home,
+        "saved voice",
     );
 
     let rm = qtts(&["voice", "rm", "anna", "--voices", v], home);
