@@ -63,7 +63,7 @@ pub enum VoicesError {
         /// Which file.
         path: PathBuf,
         /// Why.
-        source: qtts::voice::VoiceError,
+        source: Box<qtts::voice::VoiceError>,
     },
 }
 
@@ -117,7 +117,7 @@ impl Voices {
             if value.get("format").and_then(|f| f.as_str()) == Some(qtts::voice::store::FORMAT) {
                 let cloned = |source| VoicesError::Cloned {
                     path: path.clone(),
-                    source,
+                    source: Box::new(source),
                 };
                 let Some(mm) = mmproj else {
                     return Err(bad(
