@@ -663,18 +663,7 @@ impl Decoder {
         out: &mut [f32],
     ) -> Result<Decoded, DecoderError> {
         let spf = self.geometry.samples_per_frame;
-        let size = self.geometry.codebook_size;
-        for (frame, f) in codes.iter().enumerate() {
-            if let Some((codebook, &code)) = f.iter().enumerate().find(|(_, &c)| c as usize >= size)
-            {
-                return Err(DecoderError::CodeOutOfRange {
-                    frame,
-                    codebook,
-                    code,
-                    codebook_size: size,
-                });
-            }
-        }
+        self.check_codes(codes)?;
         if out.len() < codes.len() * spf {
             return Err(DecoderError::OutputTooShort {
                 expected: codes.len() * spf,
@@ -689,6 +678,23 @@ impl Decoder {
             done.samples += n * spf;
         }
         Ok(done)
+    }
+
+    /// Every code within the codebooks, else the first that is not.
+    fn check_codes(&self, codes: &[[u32; CODEBOOKS]]) -> Result<(), DecoderError> {
+        let size = self.geometry.codebook_size;
+        for (frame, f) in codes.iter().enumerate() {
+            if let Some((codebook, &code)) = f.iter().enumerate().find(|(_, &c)| c as usize >= size)
+            {
+                return Err(DecoderError::CodeOutOfRange {
+                    frame,
+                    codebook,
+                    code,
+                    codebook_size: size,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Decodes a chunk into `out`; or, without `out`, runs only the head of the decoder on it (up

@@ -31,9 +31,10 @@ impl Geometry {
         // Row 0 is the first sample after the primed frames; rows before it are negative.
         let mut row = -k; // the post-conv's history
         for &r in self.upsample_rates.iter().rev() {
-            row -= k * (1 + 3 + 9); // the residual units' dilated convs
-                                    // The transposed conv (kernel 2r, stride r): output row o reads input rows ⌊o/r⌋
-                                    // and the one before.
+            // The residual units' dilated convs.
+            row -= k * (1 + 3 + 9);
+            // The transposed conv (kernel 2r, stride r): output row o reads input rows ⌊o/r⌋
+            // and the one before.
             row = row.div_euclid(r as i64) - 1;
         }
         row -= k; // the first conv
@@ -72,18 +73,7 @@ impl Decoder {
         codes: &[[u32; CODEBOOKS]],
         tail: usize,
     ) -> Result<(), DecoderError> {
-        let size = self.geometry.codebook_size;
-        for (frame, f) in codes.iter().enumerate() {
-            if let Some((codebook, &code)) = f.iter().enumerate().find(|(_, &c)| c as usize >= size)
-            {
-                return Err(DecoderError::CodeOutOfRange {
-                    frame,
-                    codebook,
-                    code,
-                    codebook_size: size,
-                });
-            }
-        }
+        self.check_codes(codes)?;
         let (head, rest) = codes.split_at(codes.len().saturating_sub(tail));
         for chunk in head.chunks(self.max_chunk()) {
             self.run_chunk(pool, chunk, None)?;
