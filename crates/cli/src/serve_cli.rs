@@ -121,6 +121,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         plan: ThreadPlan::default_for(a.cores.unwrap_or_else(ThreadPlan::available_cores)),
         ..EngineConfig::default()
     };
+    let threads = config.plan.all_cores().len().max(1);
     let worker = Worker::load(&model.files, config, a.queue).context("loading the engine")?;
     let voices = match &a.voices {
         Some(dir) => {
@@ -130,10 +131,15 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         None => Default::default(),
     };
     let id = model_id(worker.info());
-    let svc = std::sync::Arc::new(
-        qtts_serve::Service::new(worker, limits, voices, id, model.description.clone())
-            .with_text_mode(a.text_mode),
-    );
+    let base = worker.info().model_type == "base";
+    let mut svc = qtts_serve::Service::new(worker, limits, voices, id, model.description.clone())
+        .with_text_mode(a.text_mode);
+    if base {
+        let cloner = qtts_serve::clone::RefCloner::new(model.files.clone(), threads)
+            .context("opening the model's voice encoders for ref_audio")?;
+        svc = svc.with_cloner(cloner);
+    }
+    let svc = std::sync::Arc::new(svc);
     let opts = qtts_serve::Options {
         http,
         wyoming,

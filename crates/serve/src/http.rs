@@ -20,7 +20,8 @@ use crate::encode::{Encoder, Format};
 use crate::service::{Admitted, Event, Refused, Service};
 use crate::speech::{self, Delivery};
 
-/// Request bodies on `/v1/audio/*`: 16 MiB (room for a `speaker_embedding`).
+/// Request bodies on `/v1/audio/*`: 16 MiB (room for a `speaker_embedding`, or a `ref_audio` at
+/// the 30 s limit: 48 kHz stereo 16-bit WAV is 7.7 MB in base64).
 pub const BODY_LIMIT: usize = 16 << 20;
 
 /// Open HTTP connections at most: 256; past it new ones are closed at once.
@@ -124,8 +125,8 @@ pub struct ApiError {
     message: String,
     kind: &'static str,
     param: Option<&'static str>,
-    code: &'static str,
-    retry_after: Option<u64>,
+    pub(crate) code: &'static str,
+    pub(crate) retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -291,7 +292,12 @@ async fn speech_inner(
             ApiError::bad("invalid_body", None, r.body_text())
         }
     })?;
-    let p = speech::parse(&app.svc, &app.opts, &body)?;
+    let mut p = speech::parse(&app.svc, &app.opts, &body)?;
+    if let (Some(r), Some(cloner)) = (p.reference.take(), &app.svc.cloner) {
+        let v = cloner.voice(r, app.svc.limits.queue_timeout).await?;
+        p.req.voice.xvector = v.xvector;
+        p.req.voice.reference = v.reference;
+    }
     let mut admitted = app.svc.admit(p.req, "http").map_err(|r| refused(app, r))?;
     // The status is decided by the first event: audio (200), an error before any audio, or a
     // request that waited too long in the queue.

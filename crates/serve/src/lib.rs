@@ -16,6 +16,7 @@
 //! threads are pinned by its own plan; one thread keeps Wyoming's `describe` answerable within
 //! Home Assistant's 1 s while the engine saturates the cores.
 
+pub mod clone;
 pub mod encode;
 pub mod http;
 pub mod metrics;

@@ -20,6 +20,7 @@ use qtts::engine::{Canceller, EngineError, EngineInfo, Job, Read, Request, Summa
 use qtts::talker::{StopReason, Voice};
 use tokio::sync::mpsc;
 
+use crate::clone::RefCloner;
 use crate::metrics::{CancelLabels, Reason, ServerMetrics};
 use crate::voices::Voices;
 use qtts::talker::TextMode;
@@ -112,6 +113,8 @@ pub struct Service {
     /// How a request's text enters the prompt unless it says (`non_streaming_mode`); default
     /// streaming ([`Service::with_text_mode`]).
     pub text_mode: TextMode,
+    /// A Base model's encoders for `ref_audio` ([`Service::with_cloner`]); `None` otherwise.
+    pub cloner: Option<Arc<RefCloner>>,
     draining: AtomicBool,
     ready: AtomicBool,
     /// Set when the engine reported a dead stage: liveness fails, so the process is restarted.
@@ -140,6 +143,7 @@ impl Service {
             model_id,
             description,
             text_mode: TextMode::Streaming,
+            cloner: None,
             draining: AtomicBool::new(false),
             ready: AtomicBool::new(false),
             broken: AtomicBool::new(false),
@@ -152,6 +156,12 @@ impl Service {
     /// saved cloned voice's prompt be reused whole, see [`TextMode::Trailing`]).
     pub fn with_text_mode(mut self, mode: TextMode) -> Service {
         self.text_mode = mode;
+        self
+    }
+
+    /// Clones `ref_audio` references with `cloner` (a Base model's encoders).
+    pub fn with_cloner(mut self, cloner: RefCloner) -> Service {
+        self.cloner = Some(Arc::new(cloner));
         self
     }
 

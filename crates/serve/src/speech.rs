@@ -8,6 +8,7 @@ use qtts::talker::TextMode;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::clone::{decode_ref_audio, Reference};
 use crate::encode::Format;
 use crate::http::{ApiError, HttpOptions};
 use crate::service::Service;
@@ -45,6 +46,7 @@ struct SpeechBody {
     speaker_embedding: Option<Vec<f32>>,
     ref_audio: Option<Value>,
     ref_text: Option<String>,
+    x_vector_only_mode: Option<bool>,
     non_streaming_mode: Option<bool>,
     sample_rate: Option<u32>,
 }
@@ -66,11 +68,13 @@ pub(crate) struct Parsed {
     pub(crate) delivery: Delivery,
     pub(crate) speed_ignored: bool,
     pub(crate) instructions_ignored: bool,
+    /// A reference to clone for this request (`ref_audio`), checked but not yet encoded.
+    pub(crate) reference: Option<Reference>,
 }
 
 /// The name of the JSON field a serde error is about, for `param`.
 fn field_of(path: &str) -> Option<&'static str> {
-    const FIELDS: [&str; 22] = [
+    const FIELDS: [&str; 23] = [
         "model",
         "input",
         "voice",
@@ -91,6 +95,7 @@ fn field_of(path: &str) -> Option<&'static str> {
         "speaker_embedding",
         "ref_audio",
         "ref_text",
+        "x_vector_only_mode",
         "non_streaming_mode",
         "sample_rate",
     ];
@@ -198,13 +203,7 @@ pub(crate) fn parse(svc: &Service, opts: &HttpOptions, body: &[u8]) -> Result<Pa
             ));
         }
     }
-    if b.ref_audio.is_some() || b.ref_text.is_some() {
-        return Err(ApiError::bad(
-            "not_supported",
-            Some("ref_audio"),
-            "cloning from reference audio per request is not served; save the voice with `qtts voice add` and start the server with --voices on its directory, or give 'speaker_embedding'",
-        ));
-    }
+    let reference = reference(svc, &b)?;
     if let Some(t) = &b.task_type {
         let want = match t.as_str() {
             "CustomVoice" => "custom_voice",
@@ -228,7 +227,13 @@ pub(crate) fn parse(svc: &Service, opts: &HttpOptions, body: &[u8]) -> Result<Pa
         Some(VoiceField::Object { id }) => Some(id.as_str()),
         None => b.speaker.as_deref(),
     };
-    let mut voice = svc.voice(name).map_err(|names| {
+    // With a reference to clone, a name the server does not know (clients must send one) is the
+    // default voice: the reference gives the speaker.
+    let resolved = match svc.voice(name) {
+        Err(_) if reference.is_some() => svc.voice(None),
+        r => r,
+    };
+    let mut voice = resolved.map_err(|names| {
         ApiError::bad(
             "voice_not_found",
             Some("voice"),
@@ -356,7 +361,71 @@ pub(crate) fn parse(svc: &Service, opts: &HttpOptions, body: &[u8]) -> Result<Pa
         delivery,
         speed_ignored: speed != 1.0,
         instructions_ignored,
+        reference,
     })
+}
+
+/// The request's reference to clone (`ref_audio` with `ref_text`, or `x_vector_only_mode`),
+/// checked and decoded from base64; `None` without `ref_audio`.
+fn reference(svc: &Service, b: &SpeechBody) -> Result<Option<Reference>, ApiError> {
+    let Some(audio) = &b.ref_audio else {
+        if b.ref_text.is_some() {
+            return Err(ApiError::bad(
+                "missing_ref_audio",
+                Some("ref_audio"),
+                "ref_text is the transcript of ref_audio, which is missing",
+            ));
+        }
+        return Ok(None);
+    };
+    if svc.cloner.is_none() {
+        return Err(ApiError::bad(
+            "not_supported",
+            Some("ref_audio"),
+            format!(
+                "cloning from reference audio needs a Base model; this server runs a {} model",
+                svc.info().model_type
+            ),
+        ));
+    }
+    if b.speaker_embedding.is_some() {
+        return Err(ApiError::bad(
+            "invalid_request",
+            Some("speaker_embedding"),
+            "give ref_audio or speaker_embedding, not both",
+        ));
+    }
+    let Value::String(s) = audio else {
+        return Err(ApiError::bad(
+            "invalid_type",
+            Some("ref_audio"),
+            "ref_audio is a string: a base64 data URL (data:audio/wav;base64,...)",
+        ));
+    };
+    let (audio, extension) = decode_ref_audio(s)?;
+    let text = b
+        .ref_text
+        .as_deref()
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let text = match (b.x_vector_only_mode == Some(true), text) {
+        // The official `x_vector_only_mode` ignores the transcript.
+        (true, _) => None,
+        (false, Some(t)) => Some(t.to_owned()),
+        (false, None) => {
+            return Err(ApiError::bad(
+                "missing_ref_text",
+                Some("ref_text"),
+                "in-context cloning needs ref_text, the words spoken in ref_audio; or send \
+                 x_vector_only_mode: true to clone from the speaker's x-vector alone",
+            ))
+        }
+    };
+    Ok(Some(Reference {
+        audio,
+        extension,
+        text,
+    }))
 }
 
 #[cfg(test)]

@@ -8,9 +8,9 @@ use crate::cli::{qtts, read_wav, stderr};
 
 use qtts::model::convert::OutType;
 
-/// Starts `qtts serve` on `model` with the voices of `voices`, asks for 4 frames of "anna" as
-/// PCM, and returns the body.
-fn serve_once(model: &str, voices: &str, home: &Path) -> Vec<u8> {
+/// Starts `qtts serve` on `model` (trailing text mode) with the voices of `voices`, posts each
+/// of `bodies` to `/v1/audio/speech`, and returns each answer's status line and body.
+fn serve(model: &str, voices: &str, home: &Path, bodies: &[String]) -> Vec<(String, Vec<u8>)> {
     use std::io::{BufRead, Read, Write};
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_qtts"))
         .args([
@@ -43,27 +43,28 @@ fn serve_once(model: &str, voices: &str, home: &Path) -> Vec<u8> {
         .find_map(|w| w.strip_prefix("http="))
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_owned();
-    let body = r#"{"model":"tts-1","input":"How are you?","voice":"anna","response_format":"pcm","stream":false,"max_new_tokens":4,"language":"english","seed":1}"#;
-    let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
-    write!(
-        tcp,
-        "POST /v1/audio/speech HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = Vec::new();
-    tcp.read_to_end(&mut answer).unwrap();
+    let answers = bodies
+        .iter()
+        .map(|body| {
+            let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
+            write!(
+                tcp,
+                "POST /v1/audio/speech HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
+                 application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            let mut answer = Vec::new();
+            tcp.read_to_end(&mut answer).unwrap();
+            let split = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+            let head = String::from_utf8_lossy(&answer[..split]);
+            let status = head.lines().next().unwrap_or("").to_owned();
+            (status, answer[split + 4..].to_vec())
+        })
+        .collect();
     child.kill().unwrap();
     child.wait().unwrap();
-    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&answer[..split]);
-    assert!(
-        head.starts_with("HTTP/1.1 200"),
-        "{head}\n{}",
-        String::from_utf8_lossy(&answer)
-    );
-    answer[split + 4..].to_vec()
+    answers
 }
 
 /// Runs the command, which must fail saying `says`.
@@ -210,9 +211,64 @@ fn a_voice_is_added_listed_spoken_and_removed() {
         "needs a Base model",
     );
 
-    // `qtts serve --voices` speaks the saved voice by name; a server of another model refuses it.
-    let pcm = serve_once(&model, v, home);
-    assert_eq!(pcm.len(), 4 * 1920 * 2, "4 frames of s16");
+    // `qtts serve --voices` speaks the saved voice by name, and the same recording sent with a
+    // request (`ref_audio`) speaks the same samples; a server of another model refuses the voice.
+    use base64::Engine as _;
+    let data_url = format!(
+        "data:audio/wav;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(&reference).unwrap())
+    );
+    let body = |extra: &str| {
+        format!(
+            r#"{{"model":"tts-1","input":"How are you?","response_format":"pcm","stream":false,"max_new_tokens":4,"language":"english","temperature":0,"seed":1,{extra}}}"#
+        )
+    };
+    let answers = serve(
+        &model,
+        v,
+        home,
+        &[
+            // The first request prefills the prompt whole; the next ones reuse it alike.
+            body(r#""voice":"anna""#),
+            body(r#""voice":"anna""#),
+            body(&format!(
+                r#""ref_audio":"{data_url}","ref_text":"Hello there.""#
+            )),
+            body(&format!(
+                r#""ref_audio":"{data_url}","x_vector_only_mode":true"#
+            )),
+            body(&format!(r#""ref_audio":"{data_url}""#)),
+            body(r#""ref_audio":"https://example.com/a.wav","x_vector_only_mode":true"#),
+            body(r#""ref_audio":"data:audio/wav;base64,bm90IGF1ZGlv","ref_text":"x""#),
+        ],
+    );
+    for (i, (status, pcm)) in answers[..4].iter().enumerate() {
+        assert!(
+            status.contains(" 200"),
+            "{i}: {status} {}",
+            String::from_utf8_lossy(pcm)
+        );
+        assert_eq!(pcm.len(), 4 * 1920 * 2, "{i}: 4 frames of s16");
+    }
+    assert!(
+        answers[2].1 == answers[1].1,
+        "ref_audio speaks as the saved voice"
+    );
+    assert!(
+        answers[3].1 != answers[2].1,
+        "x_vector_only_mode is another voice"
+    );
+    for ((status, body), code) in answers[4..].iter().zip([
+        "missing_ref_text",
+        "unsupported_ref_audio",
+        "invalid_ref_audio",
+    ]) {
+        let body = String::from_utf8_lossy(body);
+        assert!(
+            status.contains(" 400") && body.contains(code),
+            "{status} {body}"
+        );
+    }
     fails(
         &[
             "serve",
