@@ -7,10 +7,14 @@
 //! - Waiting wakes every 100 ms to let Python handle signals: Ctrl-C raises `KeyboardInterrupt`
 //!   and cancels the synthesis.
 //! - Errors are typed: `qtts.ModelError` (files), `qtts.RequestError` (the request does not fit
-//!   the model), `qtts.BusyError` (queue full), all `qtts.QttsError`, each with the Rust error's
-//!   text; wrong argument types are `TypeError`, as for any Python function.
+//!   the model), `qtts.BusyError` (queue full), `qtts.VoiceError` (a reference recording or a
+//!   saved voice that cannot be used), all `qtts.QttsError`, each with the Rust error's text;
+//!   wrong argument types are `TypeError`, as for any Python function.
+//! - Cloning (Base models): `Engine.clone_voice` encodes a recording into a `ClonedVoice`, which
+//!   `save` stores where `qtts voice` keeps voices and `Engine.load_voice` reads back; any of them
+//!   is a `voice=` for `synthesize` and `stream`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -23,7 +27,9 @@ use pyo3::types::PyDict;
 use qtts::engine::{
     Canceller, EngineConfig, EngineError, EngineInfo, Job, Request, Summary, ThreadPlan, Worker,
 };
+use qtts::model::ModelFiles;
 use qtts::talker::{StopReason, Voice};
+use qtts::voice::{Cloner, VoiceStore};
 
 create_exception!(
     qtts,
@@ -49,6 +55,13 @@ create_exception!(
     QttsError,
     "The engine's queue is full: retry later."
 );
+create_exception!(
+    qtts,
+    VoiceError,
+    QttsError,
+    "A reference recording or a saved voice cannot be used (not audio, too short, silent, \
+     another model, damaged file, no such voice, not a Base model)."
+);
 
 /// How often a wait wakes to let Python handle signals.
 const POLL: Duration = Duration::from_millis(100);
@@ -61,6 +74,10 @@ fn to_py(e: EngineError) -> PyErr {
         EngineError::Busy { .. } => BusyError::new_err(text),
         _ => QttsError::new_err(text),
     }
+}
+
+fn voice_err(e: qtts::voice::VoiceError) -> PyErr {
+    VoiceError::new_err(e.to_string())
 }
 
 fn summary_dict<'py>(py: Python<'py>, s: &Summary) -> PyResult<Bound<'py, PyDict>> {
@@ -102,6 +119,17 @@ struct Engine {
     info: EngineInfo,
     builtin: bool,
     description: String,
+    files: ModelFiles,
+    threads: usize,
+    /// A Base model's encoders, loaded by the first `clone_voice`.
+    cloner: Mutex<Option<Cloner>>,
+}
+
+/// `voice=`: a speaker's name or a cloned voice.
+#[derive(FromPyObject)]
+enum VoiceArg {
+    Cloned(Py<ClonedVoice>),
+    Speaker(String),
 }
 
 impl Engine {
@@ -117,28 +145,42 @@ impl Engine {
     fn request(
         &self,
         text: String,
-        voice: Option<String>,
+        voice: Option<VoiceArg>,
         language: Option<String>,
         instruct: Option<String>,
         seed: u64,
         max_frames: Option<usize>,
         min_frames: Option<usize>,
-    ) -> Request {
+    ) -> PyResult<Request> {
         let mut req = Request::text(text);
-        let speaker = voice.or_else(|| self.info.default_speaker().map(str::to_owned));
-        req.voice = Voice {
-            speaker,
-            language,
-            instruct,
-            xvector: None,
-            reference: None,
+        req.voice = match voice {
+            Some(VoiceArg::Cloned(v)) => {
+                if instruct.is_some() {
+                    return Err(RequestError::new_err(
+                        "a cloned voice takes no instruct: the recording gives the voice",
+                    ));
+                }
+                let mmproj = qtts::gguf::GgufFile::open(&self.files.mmproj)
+                    .map_err(|e| ModelError::new_err(e.to_string()))?;
+                qtts::voice::speaking_voice(&mmproj, &v.get().inner, language).map_err(voice_err)?
+            }
+            speaker => Voice {
+                speaker: match speaker {
+                    Some(VoiceArg::Speaker(s)) => Some(s),
+                    _ => self.info.default_speaker().map(str::to_owned),
+                },
+                language,
+                instruct,
+                xvector: None,
+                reference: None,
+            },
         };
         req.seed = seed;
         req.max_frames = max_frames;
         if let Some(m) = min_frames {
             req.min_frames = req.min_frames.max(m);
         }
-        req
+        Ok(req)
     }
 }
 
@@ -171,12 +213,16 @@ impl Engine {
             if threads > 0 {
                 config.plan = ThreadPlan::for_cores(threads);
             }
+            let threads = config.plan.all_cores().len().max(1);
             let worker = Worker::load(&found.files, config, queue)?;
             Ok::<_, EngineError>(Engine {
                 info: worker.info().clone(),
                 worker: Mutex::new(Some(worker)),
                 builtin: found.builtin,
                 description: found.description,
+                files: found.files,
+                threads,
+                cloner: Mutex::new(None),
             })
         })
         .map_err(to_py)
@@ -219,7 +265,7 @@ impl Engine {
         &self,
         py: Python<'py>,
         text: String,
-        voice: Option<String>,
+        voice: Option<VoiceArg>,
         language: Option<String>,
         instruct: Option<String>,
         seed: u64,
@@ -228,7 +274,7 @@ impl Engine {
     ) -> PyResult<Bound<'py, PyArray1<f32>>> {
         let req = self.request(
             text, voice, language, instruct, seed, max_frames, min_frames,
-        );
+        )?;
         let mut job = self.submit(req)?;
         let mut audio = Vec::new();
         while let Some(c) = next_chunk(py, &mut job)? {
@@ -244,7 +290,7 @@ impl Engine {
     fn stream(
         &self,
         text: String,
-        voice: Option<String>,
+        voice: Option<VoiceArg>,
         language: Option<String>,
         instruct: Option<String>,
         seed: u64,
@@ -253,13 +299,49 @@ impl Engine {
     ) -> PyResult<Stream> {
         let req = self.request(
             text, voice, language, instruct, seed, max_frames, min_frames,
-        );
+        )?;
         let job = self.submit(req)?;
         Ok(Stream {
             cancel: job.canceller(),
             job: Mutex::new(Some(job)),
             summary: Mutex::new(None),
         })
+    }
+
+    /// Clones the voice in the recording at `audio` (WAV, FLAC, MP3 or Ogg/Vorbis, 1 to 30 s; a
+    /// Base model only). With `text`, the words spoken in it, the voice speaks in context (the
+    /// official default); without, from the speaker's x-vector alone. The encoders load on the
+    /// first call; about half a second per 10 s of recording on 2 cores.
+    #[pyo3(signature = (audio, text=None))]
+    fn clone_voice(
+        &self,
+        py: Python<'_>,
+        audio: PathBuf,
+        text: Option<String>,
+    ) -> PyResult<ClonedVoice> {
+        py.detach(|| {
+            let samples = qtts::voice::audio_in::load_reference(&audio)?;
+            let mut slot = self.cloner.lock().unwrap_or_else(|e| e.into_inner());
+            let cloner = match slot.as_mut() {
+                Some(c) => c,
+                None => slot.insert(Cloner::load(&self.files, self.threads)?),
+            };
+            cloner.clone_voice(&samples, text.as_deref())
+        })
+        .map(|inner| ClonedVoice { inner })
+        .map_err(voice_err)
+    }
+
+    /// The voice saved as `name` (by `ClonedVoice.save` or `qtts voice add`) in `voices_dir`
+    /// (default: `qtts voice`'s directory), checked against this model.
+    #[pyo3(signature = (name, voices_dir=None))]
+    fn load_voice(&self, name: &str, voices_dir: Option<PathBuf>) -> PyResult<ClonedVoice> {
+        let inner = store(voices_dir.as_deref()).get(name).map_err(voice_err)?;
+        let mmproj = qtts::gguf::GgufFile::open(&self.files.mmproj)
+            .map_err(|e| ModelError::new_err(e.to_string()))?;
+        let model = qtts::voice::clone::model_of(&mmproj).map_err(voice_err)?;
+        inner.check_model(&model).map_err(voice_err)?;
+        Ok(ClonedVoice { inner })
     }
 
     /// Cancels every synthesis started so far (running or queued), from any thread: each ends
@@ -306,7 +388,7 @@ impl Engine {
         frames: usize,
         seed: u64,
     ) -> PyResult<(f64, f64, usize)> {
-        let req = self.request(text, None, None, None, seed, Some(frames), Some(frames));
+        let req = self.request(text, None, None, None, seed, Some(frames), Some(frames))?;
         let t = std::time::Instant::now();
         let mut job = self.submit(req)?;
         py.detach(|| {
@@ -327,6 +409,66 @@ impl Engine {
             ))
         })
         .map_err(to_py)
+    }
+}
+
+fn store(dir: Option<&Path>) -> VoiceStore {
+    VoiceStore::new(dir.map_or_else(VoiceStore::default_dir, Path::to_path_buf))
+}
+
+/// A voice cloned from a recording (`Engine.clone_voice`, `Engine.load_voice`): pass it as
+/// `voice=` to `synthesize` or `stream` on an engine of the model it was made with.
+#[pyclass(module = "qtts", frozen)]
+struct ClonedVoice {
+    inner: qtts::voice::ClonedVoice,
+}
+
+#[pymethods]
+impl ClonedVoice {
+    /// The recording's transcript; None for an x-vector-only voice.
+    #[getter]
+    fn text(&self) -> Option<String> {
+        self.inner.text.clone()
+    }
+
+    /// Whether it speaks in context (it has a transcript and the recording's codes).
+    #[getter]
+    fn in_context(&self) -> bool {
+        self.inner.in_context()
+    }
+
+    /// The recording's length in seconds.
+    #[getter]
+    fn seconds(&self) -> f32 {
+        self.inner.seconds
+    }
+
+    /// The model it was made for, as `qtts voice list` shows it (`base 0b6`).
+    #[getter]
+    fn model(&self) -> String {
+        format!("{} {}", self.inner.model.model_type, self.inner.model.size)
+    }
+
+    /// Saves it as `name` in `voices_dir` (default: `qtts voice`'s directory, where `qtts
+    /// speak --voice NAME` finds it), replacing a voice of that name; returns the file's path.
+    #[pyo3(signature = (name, voices_dir=None))]
+    fn save(&self, name: &str, voices_dir: Option<PathBuf>) -> PyResult<String> {
+        let path = store(voices_dir.as_deref())
+            .add(name, &self.inner)
+            .map_err(voice_err)?;
+        Ok(path.display().to_string())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "qtts.ClonedVoice({}, {:.1} s, {})",
+            self.model(),
+            self.inner.seconds,
+            match &self.inner.text {
+                Some(t) => format!("in context: {t:?}"),
+                None => "x-vector only".into(),
+            }
+        )
     }
 }
 
@@ -387,14 +529,24 @@ impl Stream {
     }
 }
 
+/// For the tests: writes the tiny byte-level tokenizer that the random test checkpoints (and
+/// `tests/fixtures/`) use into `dir`, so that a fixture checkpoint loads as a user's does.
+#[pyfunction]
+fn _write_tiny_tokenizer(dir: PathBuf) -> PyResult<()> {
+    qtts::model::testing::write_tiny_tokenizer(&dir).map_err(|e| ModelError::new_err(e.to_string()))
+}
+
 #[pymodule(name = "qtts")]
 fn qtts_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add_class::<Stream>()?;
+    m.add_class::<ClonedVoice>()?;
+    m.add_function(wrap_pyfunction!(_write_tiny_tokenizer, m)?)?;
     m.add("QttsError", m.py().get_type::<QttsError>())?;
     m.add("ModelError", m.py().get_type::<ModelError>())?;
     m.add("RequestError", m.py().get_type::<RequestError>())?;
     m.add("BusyError", m.py().get_type::<BusyError>())?;
+    m.add("VoiceError", m.py().get_type::<VoiceError>())?;
     m.add("SAMPLE_RATE", qtts::audio::SAMPLE_RATE)?;
     Ok(())
 }
