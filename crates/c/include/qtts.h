@@ -31,11 +31,21 @@
 // An engine thread failed, or a bug (a caught panic): free the engine and load it again.
 #define QTTS_ERR_INTERNAL -6
 
+// A reference recording or a saved voice cannot be used (not audio, too short, silent, a damaged
+// file, no such voice, a voice of another model), or the model cannot clone (not a Base model).
+#define QTTS_ERR_VOICE -7
+
 // A loaded model on its own thread (opaque).
 typedef struct QttsEngine QttsEngine;
 
 // A running synthesis (opaque).
 typedef struct QttsSynthesis QttsSynthesis;
+
+// A voice cloned from a recording (opaque), made by [`qtts_voice_clone`] or [`qtts_voice_load`]
+// for one model. Read-only: any number of threads and requests may use it at once. A synthesis
+// copies what it needs, so the voice may be freed ([`qtts_voice_free`]) as soon as
+// `qtts_synthesize` has returned.
+typedef struct QttsVoice QttsVoice;
 
 // Options of [`qtts_engine_load`]; fill with [`qtts_options_init`] first.
 typedef struct QttsOptions {
@@ -75,6 +85,10 @@ typedef struct QttsRequest {
   // Frames per utterance before end-of-speech may be sampled; 0: the model's minimum. Equal
   // to `max_frames`, it fixes the length (benchmarks, tests).
   uint32_t min_frames;
+  // A cloned voice ([`qtts_voice_clone`], [`qtts_voice_load`]) of this engine's model, instead
+  // of `voice` and `instruct` (which must then be NULL); NULL: none. Added after the first
+  // version: a caller built without it passes a smaller `size` and gets NULL.
+  const struct QttsVoice *cloned_voice;
 } QttsRequest;
 
 // The end of a synthesis, from [`qtts_synthesis_summary`].
@@ -156,11 +170,13 @@ const char *qtts_engine_voice_name(const struct QttsEngine *engine, size_t index
 // Starts synthesizing `req` (queued behind running syntheses); on success `*out` holds its
 // handle, read with [`qtts_read`] and freed with [`qtts_synthesis_free`]. Errors in the request
 // (unknown voice, empty text) are reported by [`qtts_read`] when the synthesis reaches them.
-// Returns a status ([`QTTS_ERR_BUSY`] when the queue is full).
+// Returns a status ([`QTTS_ERR_BUSY`] when the queue is full, [`QTTS_ERR_VOICE`] for a cloned
+// voice of another model).
 //
 // # Safety
 // `engine` is a live engine; `req` points to a `QttsRequest` of at least its `size` bytes whose
-// strings are null or NUL-terminated; `out` points to a writable pointer.
+// strings are null or NUL-terminated and whose `cloned_voice` is null or a live voice; `out`
+// points to a writable pointer.
 int32_t qtts_synthesize(const struct QttsEngine *engine,
                         const struct QttsRequest *req,
                         struct QttsSynthesis **out);
@@ -196,6 +212,56 @@ int32_t qtts_synthesis_summary(const struct QttsSynthesis *s, struct QttsSummary
 // # Safety
 // `s` is null or a live synthesis no other thread uses (a [`qtts_cancel`] included).
 void qtts_synthesis_free(struct QttsSynthesis *s);
+
+// Clones the voice in the recording at `audio_path` (WAV, FLAC, MP3 or Ogg/Vorbis, 1 to 30 s, at
+// 24 kHz unless the library was built with the `resample` feature) with the engine's Base model.
+// `text` is what is said in the recording: the voice then speaks in context (the official
+// default); NULL: from the speaker's x-vector alone. On success `*out` holds the voice (free with
+// [`qtts_voice_free`]). The encoders load on the first call; cloning takes about half a second
+// per 10 s of recording on 2 cores. Returns a status ([`QTTS_ERR_VOICE`]: the recording cannot be
+// used, or the model is not a Base model).
+//
+// # Safety
+// `engine` is a live engine; the strings are null or NUL-terminated; `out` points to a writable
+// pointer.
+int32_t qtts_voice_clone(const struct QttsEngine *engine,
+                         const char *audio_path,
+                         const char *text,
+                         struct QttsVoice **out);
+
+// Loads the voice saved as `name` (by [`qtts_voice_save`] or `qtts voice add`) from `voices_dir`
+// (NULL: `$QTTS_VOICES`, else `~/.local/share/qtts/voices`), checked against the engine's model;
+// on success `*out` holds it (free with [`qtts_voice_free`]). Returns a status
+// ([`QTTS_ERR_VOICE`]: no such voice, a damaged file, or a voice of another model).
+//
+// # Safety
+// `engine` is a live engine; the strings are null or NUL-terminated; `out` points to a writable
+// pointer.
+int32_t qtts_voice_load(const struct QttsEngine *engine,
+                        const char *name,
+                        const char *voices_dir,
+                        struct QttsVoice **out);
+
+// Saves `voice` as `name` in `voices_dir` (NULL: as for [`qtts_voice_load`]), replacing a voice
+// of that name, where `qtts speak --voice NAME` also finds it. Returns a status.
+//
+// # Safety
+// `voice` is a live voice; the strings are null or NUL-terminated.
+int32_t qtts_voice_save(const struct QttsVoice *voice, const char *name, const char *voices_dir);
+
+// 1 when the voice speaks in context (it was cloned with a transcript), 0 when from its
+// x-vector alone, -1 for NULL.
+//
+// # Safety
+// `voice` is null or a live voice.
+int32_t qtts_voice_in_context(const struct QttsVoice *voice);
+
+// Frees a voice. NULL is ignored.
+//
+// # Safety
+// `voice` is null or came from [`qtts_voice_clone`] or [`qtts_voice_load`] and was not freed; no
+// other thread uses it.
+void qtts_voice_free(struct QttsVoice *voice);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -15,6 +15,9 @@
 //! - Forward compatibility: the option and request structs start with their `size`; a caller
 //!   built against an older header passes a smaller one, and the fields it lacks take their
 //!   defaults. [`qtts_abi_version`] changes when a function or field changes meaning.
+//! - Cloned voices (Base models; `voice.rs`): [`qtts_voice_clone`] from a recording,
+//!   [`qtts_voice_save`] and [`qtts_voice_load`] by name, spoken through
+//!   [`QttsRequest::cloned_voice`].
 //! - Threads: an engine may be used from any thread ([`qtts_synthesize`] from several at once);
 //!   a synthesis is read from one thread at a time, and [`qtts_cancel`] may be called from any
 //!   thread at any time before [`qtts_synthesis_free`].
@@ -26,10 +29,15 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
+mod voice;
+pub use voice::*;
+
 use qtts::engine::{
     Canceller, EngineConfig, EngineError, Job, Read, Request, ThreadPlan, Worker, DEFAULT_QUEUE,
 };
+use qtts::model::ModelFiles;
 use qtts::talker::{StopReason, Voice};
+use qtts::voice::Cloner;
 
 /// The version of this ABI: changes when a function or a struct field changes meaning (a field
 /// added at the end of a struct does not change it).
@@ -49,6 +57,9 @@ pub const QTTS_ERR_BUSY: i32 = -4;
 pub const QTTS_ERR_TIMEOUT: i32 = -5;
 /// An engine thread failed, or a bug (a caught panic): free the engine and load it again.
 pub const QTTS_ERR_INTERNAL: i32 = -6;
+/// A reference recording or a saved voice cannot be used (not audio, too short, silent, a damaged
+/// file, no such voice, a voice of another model), or the model cannot clone (not a Base model).
+pub const QTTS_ERR_VOICE: i32 = -7;
 
 /// Options of [`qtts_engine_load`]; fill with [`qtts_options_init`] first.
 #[repr(C)]
@@ -92,6 +103,10 @@ pub struct QttsRequest {
     /// Frames per utterance before end-of-speech may be sampled; 0: the model's minimum. Equal
     /// to `max_frames`, it fixes the length (benchmarks, tests).
     pub min_frames: u32,
+    /// A cloned voice ([`qtts_voice_clone`], [`qtts_voice_load`]) of this engine's model, instead
+    /// of `voice` and `instruct` (which must then be NULL); NULL: none. Added after the first
+    /// version: a caller built without it passes a smaller `size` and gets NULL.
+    pub cloned_voice: *const QttsVoice,
 }
 
 /// The end of a synthesis, from [`qtts_synthesis_summary`].
@@ -115,6 +130,10 @@ pub struct QttsEngine {
     worker: Worker,
     voices: Vec<CString>,
     builtin: bool,
+    files: ModelFiles,
+    threads: usize,
+    /// A Base model's encoders, loaded by the first [`qtts_voice_clone`].
+    cloner: Mutex<Option<Cloner>>,
 }
 
 /// A running synthesis (opaque).
@@ -217,7 +236,7 @@ unsafe fn read_sized<T: Copy>(
 /// The first version's struct sizes: a caller's `size` below these is an error. When a field is
 /// added at the end of a struct, these stay at the sizes of version 1 (write the number here).
 const OPTIONS_V1: usize = std::mem::size_of::<QttsOptions>();
-const REQUEST_V1: usize = std::mem::size_of::<QttsRequest>();
+const REQUEST_V1: usize = std::mem::offset_of!(QttsRequest, cloned_voice);
 
 fn default_options() -> QttsOptions {
     QttsOptions {
@@ -239,6 +258,7 @@ fn default_request() -> QttsRequest {
         seed: 0,
         max_frames: 0,
         min_frames: 0,
+        cloned_voice: std::ptr::null(),
     }
 }
 
@@ -337,6 +357,7 @@ pub unsafe extern "C" fn qtts_engine_load(
         if o.threads > 0 {
             config.plan = ThreadPlan::for_cores(o.threads as usize);
         }
+        let threads = config.plan.all_cores().len().max(1);
         let queue = if o.queue == 0 {
             DEFAULT_QUEUE
         } else {
@@ -354,6 +375,9 @@ pub unsafe extern "C" fn qtts_engine_load(
             worker,
             voices,
             builtin: found.builtin,
+            files: found.files,
+            threads,
+            cloner: Mutex::new(None),
         });
         // SAFETY: writable by the contract.
         unsafe { out.write(Box::into_raw(engine)) };
@@ -424,11 +448,13 @@ pub unsafe extern "C" fn qtts_engine_voice_name(
 /// Starts synthesizing `req` (queued behind running syntheses); on success `*out` holds its
 /// handle, read with [`qtts_read`] and freed with [`qtts_synthesis_free`]. Errors in the request
 /// (unknown voice, empty text) are reported by [`qtts_read`] when the synthesis reaches them.
-/// Returns a status ([`QTTS_ERR_BUSY`] when the queue is full).
+/// Returns a status ([`QTTS_ERR_BUSY`] when the queue is full, [`QTTS_ERR_VOICE`] for a cloned
+/// voice of another model).
 ///
 /// # Safety
 /// `engine` is a live engine; `req` points to a `QttsRequest` of at least its `size` bytes whose
-/// strings are null or NUL-terminated; `out` points to a writable pointer.
+/// strings are null or NUL-terminated and whose `cloned_voice` is null or a live voice; `out`
+/// points to a writable pointer.
 #[no_mangle]
 pub unsafe extern "C" fn qtts_synthesize(
     engine: *const QttsEngine,
@@ -458,13 +484,26 @@ pub unsafe extern "C" fn qtts_synthesize(
         let text = text.ok_or_else(|| invalid("req.text: expected UTF-8 text, found NULL"))?;
         let mut request = Request::text(text);
         let info = engine.worker.info();
-        let speaker = voice.or_else(|| info.default_speaker().map(str::to_owned));
-        request.voice = Voice {
-            speaker,
-            language,
-            instruct,
-            xvector: None,
-            reference: None,
+        // SAFETY: null or a live voice by the contract.
+        request.voice = match unsafe { r.cloned_voice.as_ref() } {
+            Some(v) => {
+                if voice.is_some() || instruct.is_some() {
+                    return Err((
+                        QTTS_ERR_REQUEST,
+                        "req.cloned_voice: a cloned voice takes no req.voice or req.instruct (the \
+                         recording gives the voice); set them to NULL"
+                            .into(),
+                    ));
+                }
+                voice::speaking(engine, v, language)?
+            }
+            None => Voice {
+                speaker: voice.or_else(|| info.default_speaker().map(str::to_owned)),
+                language,
+                instruct,
+                xvector: None,
+                reference: None,
+            },
         };
         request.seed = r.seed;
         request.max_frames = (r.max_frames > 0).then_some(r.max_frames as usize);
