@@ -46,7 +46,7 @@ pub struct RefCloner {
     threads: usize,
     mmproj: GgufFile,
     cloner: Mutex<Option<Cloner>>,
-    permits: tokio::sync::Semaphore,
+    permits: Arc<tokio::sync::Semaphore>,
     recent: Mutex<VecDeque<([u8; 32], Voice)>>,
 }
 
@@ -66,7 +66,7 @@ impl RefCloner {
             threads,
             mmproj,
             cloner: Mutex::new(None),
-            permits: tokio::sync::Semaphore::new(CLONINGS),
+            permits: Arc::new(tokio::sync::Semaphore::new(CLONINGS)),
             recent: Mutex::new(VecDeque::new()),
         })
     }
@@ -94,7 +94,7 @@ impl RefCloner {
             e.retry_after = Some(wait.as_secs().max(1));
             e
         };
-        let permit = tokio::time::timeout(wait, self.permits.acquire())
+        let permit = tokio::time::timeout(wait, Arc::clone(&self.permits).acquire_owned())
             .await
             .map_err(|_| busy())?
             .map_err(|_| busy())?;
@@ -103,16 +103,21 @@ impl RefCloner {
             return Ok(v);
         }
         let me = Arc::clone(self);
-        let voice = tokio::task::spawn_blocking(move || me.clone_now(r))
-            .await
-            .map_err(|e| {
-                ApiError::server(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "clone_error",
-                    format!("the cloning task failed: {e}; report this"),
-                )
-            })??;
-        drop(permit);
+        // The permit goes with the work: a client that leaves does not free it for another
+        // cloning while this one still runs.
+        let voice = tokio::task::spawn_blocking(move || {
+            let voice = me.clone_now(r);
+            drop(permit);
+            voice
+        })
+        .await
+        .map_err(|e| {
+            ApiError::server(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "clone_error",
+                format!("the cloning task failed: {e}; report this"),
+            )
+        })??;
         let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         if recent.len() == CACHED {
             recent.pop_front();
