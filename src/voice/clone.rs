@@ -1,7 +1,7 @@
 //! From a reference recording to a [`ClonedVoice`], and from a saved voice to the talker's
 //! [`Voice`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::{CodecEncoder, SpeakerEncoder, VoiceError};
 use crate::gguf::{GgufFile, Value};
@@ -130,6 +130,47 @@ fn check_samples(audio: &[f32]) -> Result<(), VoiceError> {
     Ok(())
 }
 
+impl ClonedVoice {
+    /// Whether it was made for the model whose `mmproj` this is.
+    pub fn check_for(&self, mmproj: &GgufFile) -> Result<(), VoiceError> {
+        self.check_model(&model_of(mmproj)?)
+    }
+}
+
+/// A model's encoders, loaded by the first cloning and then kept, for threads to share (one
+/// cloning at a time): what a long-lived front end holds (the server, the C ABI, Python).
+#[derive(Debug)]
+pub struct SharedCloner {
+    files: ModelFiles,
+    threads: usize,
+    cloner: Mutex<Option<Cloner>>,
+}
+
+impl SharedCloner {
+    /// For the model `files`, computing on `threads` threads; loads nothing yet.
+    pub fn new(files: ModelFiles, threads: usize) -> Self {
+        SharedCloner {
+            files,
+            threads,
+            cloner: Mutex::new(None),
+        }
+    }
+
+    /// [`Cloner::clone_voice`], after loading the encoders ([`Cloner::load`]) on the first call.
+    pub fn clone_voice(
+        &self,
+        audio: &[f32],
+        text: Option<&str>,
+    ) -> Result<ClonedVoice, VoiceError> {
+        let mut slot = self.cloner.lock().unwrap_or_else(|e| e.into_inner());
+        let cloner = match slot.as_mut() {
+            Some(c) => c,
+            None => slot.insert(Cloner::load(&self.files, self.threads)?),
+        };
+        cloner.clone_voice(audio, text)
+    }
+}
+
 /// The talker's voice for a saved voice, with the model files it will speak with (`mmproj`:
 /// the code predictor's embedding tables embed the reference frames). `language` as for any
 /// voice (`None`: auto).
@@ -138,7 +179,7 @@ pub fn speaking_voice(
     v: &ClonedVoice,
     language: Option<String>,
 ) -> Result<Voice, VoiceError> {
-    v.check_model(&model_of(mmproj)?)?;
+    v.check_for(mmproj)?;
     let reference = match &v.text {
         None => None,
         Some(text) => Some(Arc::new(IclReference {

@@ -20,7 +20,7 @@ pub type Trace = Vec<(String, Vec<f32>, usize)>;
 pub mod clone;
 pub mod store;
 
-pub use clone::{speaking_voice, Cloner};
+pub use clone::{speaking_voice, Cloner, SharedCloner};
 pub use store::{ClonedVoice, VoiceModel, VoiceStore};
 
 use std::path::PathBuf;

@@ -159,7 +159,12 @@ impl ClonedVoice {
             path: path.into(),
             source: e,
         })?;
-        let v: ClonedVoice = serde_json::from_str(&text).map_err(|e| VoiceError::VoiceFile {
+        Self::from_json(&text, path)
+    }
+
+    /// Parses and checks a voice file's `text`, read from `path` (named in errors).
+    pub fn from_json(text: &str, path: &Path) -> Result<Self, VoiceError> {
+        let v: ClonedVoice = serde_json::from_str(text).map_err(|e| VoiceError::VoiceFile {
             path: path.into(),
             expected: "a qtts voice file (JSON)".into(),
             found: format!("{e}: the file is damaged or not a voice; add the voice again"),

@@ -37,7 +37,7 @@ use qtts::engine::{
 };
 use qtts::model::ModelFiles;
 use qtts::talker::{StopReason, Voice};
-use qtts::voice::Cloner;
+use qtts::voice::SharedCloner;
 
 /// The version of this ABI: changes when a function or a struct field changes meaning (a field
 /// added at the end of a struct does not change it).
@@ -131,9 +131,8 @@ pub struct QttsEngine {
     voices: Vec<CString>,
     builtin: bool,
     files: ModelFiles,
-    threads: usize,
     /// A Base model's encoders, loaded by the first [`qtts_voice_clone`].
-    cloner: Mutex<Option<Cloner>>,
+    cloner: SharedCloner,
 }
 
 /// A running synthesis (opaque).
@@ -375,9 +374,8 @@ pub unsafe extern "C" fn qtts_engine_load(
             worker,
             voices,
             builtin: found.builtin,
+            cloner: SharedCloner::new(found.files.clone(), threads),
             files: found.files,
-            threads,
-            cloner: Mutex::new(None),
         });
         // SAFETY: writable by the contract.
         unsafe { out.write(Box::into_raw(engine)) };

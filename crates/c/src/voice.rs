@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::ptr::null_mut;
 
 use qtts::talker::Voice;
-use qtts::voice::{ClonedVoice, Cloner, VoiceError, VoiceStore};
+use qtts::voice::{ClonedVoice, VoiceError, VoiceStore};
 
 use crate::{guard, invalid, opt_str, QttsEngine, QTTS_ERR_MODEL, QTTS_ERR_VOICE, QTTS_OK};
 
@@ -90,12 +90,8 @@ pub unsafe extern "C" fn qtts_voice_clone(
         let path = path.ok_or_else(|| invalid("audio_path: expected a file's path, found NULL"))?;
         let samples = qtts::voice::audio_in::load_reference(path.as_ref())
             .map_err(|e| (QTTS_ERR_VOICE, e.to_string()))?;
-        let mut slot = engine.cloner.lock().unwrap_or_else(|e| e.into_inner());
-        let cloner = match slot.as_mut() {
-            Some(c) => c,
-            None => slot.insert(Cloner::load(&engine.files, engine.threads).map_err(voice_err)?),
-        };
-        cloner
+        engine
+            .cloner
             .clone_voice(&samples, text.as_deref())
             .map_err(voice_err)
     };
@@ -123,8 +119,7 @@ pub unsafe extern "C" fn qtts_voice_load(
         let (name, dir) = unsafe { (opt_str(name, "name")?, opt_str(voices_dir, "voices_dir")?) };
         let name = name.ok_or_else(|| invalid("name: expected a voice's name, found NULL"))?;
         let voice = store(dir).get(&name).map_err(voice_err)?;
-        let model = qtts::voice::clone::model_of(&mmproj(engine)?).map_err(voice_err)?;
-        voice.check_model(&model).map_err(voice_err)?;
+        voice.check_for(&mmproj(engine)?).map_err(voice_err)?;
         Ok(voice)
     };
     // SAFETY: by this function's contract, which `new_voice` states.

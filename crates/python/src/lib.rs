@@ -29,7 +29,7 @@ use qtts::engine::{
 };
 use qtts::model::ModelFiles;
 use qtts::talker::{StopReason, Voice};
-use qtts::voice::{Cloner, VoiceStore};
+use qtts::voice::{SharedCloner, VoiceStore};
 
 create_exception!(
     qtts,
@@ -120,9 +120,8 @@ struct Engine {
     builtin: bool,
     description: String,
     files: ModelFiles,
-    threads: usize,
     /// A Base model's encoders, loaded by the first `clone_voice`.
-    cloner: Mutex<Option<Cloner>>,
+    cloner: SharedCloner,
 }
 
 /// `voice=`: a speaker's name or a cloned voice.
@@ -220,9 +219,8 @@ impl Engine {
                 worker: Mutex::new(Some(worker)),
                 builtin: found.builtin,
                 description: found.description,
+                cloner: SharedCloner::new(found.files.clone(), threads),
                 files: found.files,
-                threads,
-                cloner: Mutex::new(None),
             })
         })
         .map_err(to_py)
@@ -321,12 +319,7 @@ impl Engine {
     ) -> PyResult<ClonedVoice> {
         py.detach(|| {
             let samples = qtts::voice::audio_in::load_reference(&audio)?;
-            let mut slot = self.cloner.lock().unwrap_or_else(|e| e.into_inner());
-            let cloner = match slot.as_mut() {
-                Some(c) => c,
-                None => slot.insert(Cloner::load(&self.files, self.threads)?),
-            };
-            cloner.clone_voice(&samples, text.as_deref())
+            self.cloner.clone_voice(&samples, text.as_deref())
         })
         .map(|inner| ClonedVoice { inner })
         .map_err(voice_err)
@@ -339,8 +332,7 @@ impl Engine {
         let inner = store(voices_dir.as_deref()).get(name).map_err(voice_err)?;
         let mmproj = qtts::gguf::GgufFile::open(&self.files.mmproj)
             .map_err(|e| ModelError::new_err(e.to_string()))?;
-        let model = qtts::voice::clone::model_of(&mmproj).map_err(voice_err)?;
-        inner.check_model(&model).map_err(voice_err)?;
+        inner.check_for(&mmproj).map_err(voice_err)?;
         Ok(ClonedVoice { inner })
     }
 

@@ -17,7 +17,7 @@ use base64::Engine as _;
 use qtts::gguf::GgufFile;
 use qtts::model::ModelFiles;
 use qtts::talker::Voice;
-use qtts::voice::{Cloner, VoiceError};
+use qtts::voice::{SharedCloner, VoiceError};
 use sha2::{Digest, Sha256};
 
 use crate::http::ApiError;
@@ -42,10 +42,8 @@ pub struct Reference {
 /// The model's encoders, loaded on first use, and the recent voices.
 #[derive(Debug)]
 pub struct RefCloner {
-    files: ModelFiles,
-    threads: usize,
     mmproj: GgufFile,
-    cloner: Mutex<Option<Cloner>>,
+    cloner: SharedCloner,
     permits: Arc<tokio::sync::Semaphore>,
     recent: Mutex<VecDeque<([u8; 32], Voice)>>,
 }
@@ -62,10 +60,8 @@ impl RefCloner {
             });
         }
         Ok(RefCloner {
-            files,
-            threads,
             mmproj,
-            cloner: Mutex::new(None),
+            cloner: SharedCloner::new(files, threads),
             permits: Arc::new(tokio::sync::Semaphore::new(CLONINGS)),
             recent: Mutex::new(VecDeque::new()),
         })
@@ -138,14 +134,8 @@ impl RefCloner {
     fn clone_now(&self, r: Reference) -> Result<Voice, ApiError> {
         let audio = qtts::voice::audio_in::load_reference_bytes(r.audio, r.extension.as_deref())
             .map_err(|e| ApiError::bad("invalid_ref_audio", Some("ref_audio"), e.to_string()))?;
-        let mut slot = self.cloner.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(Cloner::load(&self.files, self.threads).map_err(internal)?);
-        }
-        let Some(cloner) = slot.as_mut() else {
-            return Err(internal(VoiceError::NoCodecEncoder));
-        };
-        let cloned = cloner
+        let cloned = self
+            .cloner
             .clone_voice(&audio, r.text.as_deref())
             .map_err(request_error)?;
         qtts::voice::speaking_voice(&self.mmproj, &cloned, None).map_err(internal)

@@ -124,7 +124,7 @@ impl Voices {
                         "a cloned voice needs the model's files to be spoken".into()
                     ));
                 };
-                let v = ClonedVoice::read(&path).map_err(cloned)?;
+                let v = ClonedVoice::from_json(&text, &path).map_err(cloned)?;
                 let voice = qtts::voice::speaking_voice(mm, &v, None).map_err(cloned)?;
                 profiles.insert(name, voice);
                 continue;
