@@ -55,7 +55,7 @@ pub(crate) use synthesis::plan_request;
 pub use synthesis::{
     downcast_sink, Canceller, EngineInfo, Finished, Request, SegmentReport, Summary, Synthesis,
 };
-pub use worker::{Job, Read, Worker, CHUNK_QUEUE, DEFAULT_QUEUE};
+pub use worker::{Job, Order, Read, Worker, CHUNK_QUEUE, DEFAULT_QUEUE};
 
 use crate::model::ModelFiles;
 use std::sync::atomic::{AtomicBool, AtomicUsize};

@@ -54,6 +54,8 @@ struct Queued {
     state: Arc<AtomicU8>,
     /// Its place in submission order (from 1).
     seq: u64,
+    /// Set by the worker as it takes the request: the `seq` of the request it answered last.
+    after: Arc<AtomicU64>,
     req: Request,
     sink: ChannelSink,
     cancel: Arc<AtomicBool>,
@@ -183,9 +185,12 @@ impl Worker {
         let (wake_tx, wake_rx) = bounded(1);
         let cancel = Arc::new(AtomicBool::new(false));
         let state = Arc::new(AtomicU8::new(QUEUED));
+        let after = Arc::new(AtomicU64::new(0));
+        let seq = self.shared.submitted.fetch_add(1, Ordering::SeqCst) + 1;
         let queued = Queued {
             state: state.clone(),
-            seq: self.shared.submitted.fetch_add(1, Ordering::SeqCst) + 1,
+            seq,
+            after: after.clone(),
             req,
             sink,
             cancel: cancel.clone(),
@@ -199,6 +204,11 @@ impl Worker {
         self.shared.waiting.fetch_add(1, Ordering::AcqRel);
         match jobs.try_send(queued) {
             Ok(()) => Ok(Job {
+                order: Order {
+                    seq,
+                    after,
+                    state: state.clone(),
+                },
                 chunks,
                 done: done_rx,
                 canceller: super::Canceller::new(cancel, Some(wake_tx)),
@@ -224,8 +234,12 @@ fn serve(engine: &mut Engine, jobs: &Receiver<Queued>, stop: &Receiver<()>, shar
     let set_running = |flag: Option<Arc<AtomicBool>>| {
         *shared.running.lock().unwrap_or_else(|e| e.into_inner()) = flag;
     };
+    // The `seq` of the request answered last (0: none yet).
+    let mut last = 0;
     while let Ok(job) = jobs.recv() {
         shared.waiting.fetch_sub(1, Ordering::AcqRel);
+        // Before the state leaves QUEUED, so that a reader that sees it taken sees this too.
+        job.after.store(last, Ordering::Release);
         if job
             .state
             .compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
@@ -247,6 +261,7 @@ fn serve(engine: &mut Engine, jobs: &Receiver<Queued>, stop: &Receiver<()>, shar
             s.stop = StopReason::Cancelled;
             set_running(None);
             let _ = job.done.send(Ok(s));
+            last = job.seq;
             continue;
         }
         let s = engine.synthesize_with(job.req, Box::new(job.sink), job.cancel.clone());
@@ -264,6 +279,7 @@ fn serve(engine: &mut Engine, jobs: &Receiver<Queued>, stop: &Receiver<()>, shar
             Err(_) => Err(EngineError::StageGone { stage: "decoder" }),
         };
         let _ = job.done.send(result);
+        last = job.seq;
     }
 }
 
@@ -288,9 +304,35 @@ pub enum Read {
     End,
 }
 
+/// A job's place in its worker's order, readable from any thread: what a server reports so that
+/// a client can check the engine's order without timing anything.
+#[derive(Debug, Clone)]
+pub struct Order {
+    seq: u64,
+    after: Arc<AtomicU64>,
+    state: Arc<AtomicU8>,
+}
+
+impl Order {
+    /// The job's place in submission order (from 1; a submission refused as busy also takes
+    /// one).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Once the worker has taken the job: the [`Order::seq`] of the request it answered just
+    /// before (0 for its first). `None` while the job is queued, or when it was cancelled there.
+    /// The worker runs one request at a time, so a job whose `after` is another's `seq` started
+    /// only once that one had ended.
+    pub fn after(&self) -> Option<u64> {
+        (self.state.load(Ordering::Acquire) == TAKEN).then(|| self.after.load(Ordering::Acquire))
+    }
+}
+
 /// A submitted request: its audio, pulled, and its end.
 #[derive(Debug)]
 pub struct Job {
+    order: Order,
     chunks: Receiver<Vec<f32>>,
     done: Receiver<Result<Summary, EngineError>>,
     canceller: super::Canceller,
@@ -308,6 +350,11 @@ impl Job {
     /// readable; the summary says [`StopReason::Cancelled`].
     pub fn cancel(&self) {
         self.canceller.cancel();
+    }
+
+    /// Its place in the worker's order.
+    pub fn order(&self) -> Order {
+        self.order.clone()
     }
 
     /// A handle that cancels this job from another thread (waking a reader waiting on it).

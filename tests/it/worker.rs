@@ -106,6 +106,10 @@ fn a_full_queue_is_busy_and_cancels_leave_the_worker_exact() {
     until_taken(&worker);
     let mut queued = worker.submit(request(2, 60)).unwrap();
     assert_eq!(worker.queued(), 1);
+    // The first request this worker took; the second is not taken yet.
+    let (first, second) = (running.order(), queued.order());
+    assert_eq!((first.seq(), first.after()), (1, Some(0)));
+    assert_eq!((second.seq(), second.after()), (2, None));
     match worker.submit(request(3, 60)) {
         Err(EngineError::Busy { queue: 1 }) => {}
         other => panic!("expected Busy {{ queue: 1 }}, got {other:?}"),
@@ -127,6 +131,12 @@ fn a_full_queue_is_busy_and_cancels_leave_the_worker_exact() {
     assert_eq!(audio.len(), summary.samples);
     let summary = queued.finish().unwrap();
     assert_eq!((summary.frames, summary.stop), (0, StopReason::Cancelled));
+    // Answered by its reader (never taken), or taken and answered by the worker right after the
+    // first: whichever came first.
+    let second_taken = second.after().is_some();
+    if second_taken {
+        assert_eq!(second.after(), Some(1));
+    }
 
     // A job dropped mid-request (its reader went away) is cancelled, not left blocking.
     let mut dropped = worker.submit(request(4, 60)).unwrap();
@@ -135,11 +145,17 @@ fn a_full_queue_is_busy_and_cancels_leave_the_worker_exact() {
         dropped.read(&mut one, Some(Duration::from_secs(60))),
         Read::Samples(_)
     ));
+    // Taken right after the second if the worker answered it, else after the first (the refused
+    // third took seq 3 and was never queued).
+    let fourth = dropped.order();
+    let before = if second_taken { 2 } else { 1 };
+    assert_eq!((fourth.seq(), fourth.after()), (4, Some(before)));
     drop(dropped);
 
     // The next request is served as if nothing had happened.
     let mut job = worker.submit(last).unwrap();
     assert!(read_all(&mut job, 1000) == want);
+    assert_eq!(job.order().after(), Some(4));
     assert_eq!(
         job.finish().unwrap().stop,
         StopReason::FrameCap { frames: 20 }

@@ -331,6 +331,8 @@ async fn speech_inner(
             e.to_string(),
         )
     })?;
+    // Taken by the engine by now (its first event came): where it stood in the engine's order.
+    let (seq, after) = admitted.order();
     let mut resp = match p.delivery {
         Delivery::Buffered => buffered(admitted, first, &mut enc).await?,
         Delivery::Stream => {
@@ -351,6 +353,10 @@ async fn speech_inner(
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    h.insert("x-qtts-job", HeaderValue::from(seq));
+    if let Some(after) = after {
+        h.insert("x-qtts-after-job", HeaderValue::from(after));
+    }
     if p.speed_ignored {
         h.insert(
             "x-qtts-warning",

@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use qtts::engine::{Canceller, EngineError, EngineInfo, Job, Read, Request, Summary, Worker};
+use qtts::engine::{
+    Canceller, EngineError, EngineInfo, Job, Order, Read, Request, Summary, Worker,
+};
 use qtts::talker::{StopReason, Voice};
 use tokio::sync::mpsc;
 
@@ -268,6 +270,7 @@ impl Service {
             .max(2.0) as usize;
         let (tx, rx) = mpsc::channel(capacity);
         let canceller = job.canceller();
+        let order = job.order();
         let svc = self.clone();
         let admitted = Instant::now();
         let spawned = std::thread::Builder::new()
@@ -284,6 +287,7 @@ impl Service {
         Ok(Admitted {
             rx,
             canceller: Some(canceller),
+            order,
         })
     }
 
@@ -313,9 +317,18 @@ impl Service {
 pub struct Admitted {
     rx: mpsc::Receiver<Event>,
     canceller: Option<Canceller>,
+    order: Order,
 }
 
 impl Admitted {
+    /// The request's place in the engine's order: its `seq`, and once it has started, the `seq`
+    /// of the request the engine ran just before. Front ends report both (HTTP headers
+    /// `x-qtts-job` and `x-qtts-after-job`, Wyoming's `audio-start` data), so that a client can
+    /// check the FIFO from what the server did rather than from when bytes arrived.
+    pub fn order(&self) -> (u64, Option<u64>) {
+        (self.order.seq(), self.order.after())
+    }
+
     /// The next event; `None` only if the pump died.
     pub async fn next(&mut self) -> Option<Event> {
         let e = self.rx.recv().await;

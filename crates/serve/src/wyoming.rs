@@ -585,6 +585,10 @@ async fn speak(
                 if !started {
                     let mut d = fmt.clone();
                     d["timestamp"] = json!(0);
+                    // The engine's order (`Admitted::order`), for clients that check it.
+                    let (seq, after) = job.order();
+                    d["qtts_job"] = json!(seq);
+                    d["qtts_after_job"] = json!(after);
                     send(frame("audio-start", Some(&d), &[])).await?;
                     started = true;
                 }

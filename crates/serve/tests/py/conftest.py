@@ -65,7 +65,7 @@ class Server:
                 total += float(value)
         return total
 
-    def wait_idle(self, timeout=5.0):
+    def wait_idle(self, timeout=30.0):
         """Waits until no request is in flight; returns the seconds it took."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
@@ -76,6 +76,16 @@ class Server:
 
     def threads(self):
         return len(os.listdir(f"/proc/{self.proc.pid}/task"))
+
+    def threads_settled(self, want, timeout=5.0):
+        """The thread count once it is `want`, or what it is after `timeout`: a pump thread is
+        counted idle just before it exits, and an exited thread stays listed for a moment."""
+        t0 = time.monotonic()
+        while True:
+            n = self.threads()
+            if n == want or time.monotonic() - t0 > timeout:
+                return n
+            time.sleep(0.01)
 
     def rss_kib(self):
         with open(f"/proc/{self.proc.pid}/status") as f:

@@ -45,7 +45,7 @@ def test_eight_concurrent_clients(make_server):
     print(f"\n8 clients for 8 s: {ok} answered, {busy} refused with 503")
     assert ok >= 8
     s.wait_idle()
-    assert s.threads() == threads0, "threads were left behind"
+    assert s.threads_settled(threads0) == threads0, "threads were left behind"
     # Memory is stable: allocator slack only, not growth with the requests served.
     assert s.rss_kib() - rss0 < 64 * 1024, f"RSS grew {(s.rss_kib() - rss0) // 1024} MiB"
     assert s.proc.poll() is None
@@ -79,10 +79,10 @@ def test_hundred_clients_vanishing_at_random_points(make_server):
     for t in threads:
         t.join(60)
         assert not t.is_alive()
-    waited = s.wait_idle(5.0)
+    waited = s.wait_idle(30.0)
     print(f"\nidle {waited * 1e3:.0f} ms after the last client left")
     assert s.metric("qtts_requests_waiting") == 0
-    assert s.threads() == threads0, "threads were left behind"
+    assert s.threads_settled(threads0) == threads0, "threads were left behind"
     # Every slot is free again: a full queue's worth of requests is admitted at once.
     r = httpx.post(s.base + "/v1/audio/speech", json={
         "input": "Still here.", "voice": "vivian", "response_format": "pcm", "max_new_tokens": 12})

@@ -5,7 +5,6 @@ import base64
 import io
 import json
 import socket
-import threading
 import time
 
 import httpx2 as httpx
@@ -214,23 +213,6 @@ def test_health_routes_and_metrics(server):
     assert text.rstrip().endswith("# EOF")
 
 
-def long_request(server, frames=2000):
-    """Starts a request that holds the engine for a while; returns (thread, result dict)."""
-    out = {}
-
-    def run():
-        try:
-            r = httpx.post(server.base + "/v1/audio/speech", timeout=60, json={
-                "input": "A long one. " * 20, "voice": "vivian", "response_format": "pcm",
-                "max_new_tokens": frames, "seed": 1})
-            out["status"] = r.status_code
-        except Exception as e:  # noqa: BLE001 - reported by the caller
-            out["error"] = e
-    t = threading.Thread(target=run)
-    t.start()
-    return t, out
-
-
 def wait_running(server, n=1, timeout=10):
     t0 = time.monotonic()
     while server.metric("qtts_requests_in_flight") < n:
@@ -238,11 +220,27 @@ def wait_running(server, n=1, timeout=10):
         time.sleep(0.01)
 
 
+def held_request(server):
+    """A streaming request whose client reads nothing: with `--buffer-seconds 1` the engine is
+    held by backpressure (running, or queued behind a held one) until the socket is closed or
+    the write-stall timeout; returns the socket."""
+    sock = socket.create_connection(("127.0.0.1", int(server.http.rsplit(":", 1)[1])))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    body = json.dumps({"input": "A long one. " * 20, "voice": "vivian", "response_format": "pcm",
+                       "max_new_tokens": 4000, "seed": 1})
+    sock.sendall((f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    return sock
+
+
 def test_full_queue_is_503_with_retry_after_and_the_sdk_retries(make_server):
-    s = make_server("--queue", "1", "--max-frames", "4000")
-    t1, r1 = long_request(s)
+    # Both held for as long as the test needs them (not for as long as they happen to take):
+    # one running, one queued, so the queue of 1 stays full through the SDK's retries.
+    s = make_server("--queue", "1", "--max-frames", "4000", "--buffer-seconds", "1",
+                    "--write-stall-timeout", "60")
+    running = held_request(s)
     wait_running(s, 1)
-    t2, r2 = long_request(s)
+    queued = held_request(s)
     wait_running(s, 2)
     r = httpx.post(s.base + "/v1/audio/speech", json={"input": "hi", "voice": "vivian", **EXTRA})
     assert r.status_code == 503
@@ -253,31 +251,40 @@ def test_full_queue_is_503_with_retry_after_and_the_sdk_retries(make_server):
         client(s, max_retries=2).audio.speech.create(model="tts-1", voice="vivian", input="hi",
                                                      extra_body=EXTRA)
     assert s.metric("qtts_requests_rejected_total", reason="queue_full") == before + 3
-    for t in (t1, t2):
-        t.join(60)
-    assert r1.get("status") == 200 and r2.get("status") == 200
+    assert s.metric("qtts_requests_in_flight") == 2
+    # Their clients leave: both are cancelled and the engine serves the next request whole.
+    running.close()
+    queued.close()
+    s.wait_idle(30.0)
+    data, _ = pcm(s)
+    assert len(data) == SAMPLES * 2
 
 
-def test_client_disconnect_cancels_within_300_ms(make_server):
+def test_client_disconnect_cancels_the_request(make_server):
     s = make_server("--max-frames", "4000")
     before = s.metric("qtts_requests_cancelled_total", reason="client_disconnect")
     with client(s).audio.speech.with_streaming_response.create(
             model="tts-1", voice="vivian", input="A long one. " * 20, response_format="pcm",
             extra_body={"max_new_tokens": 4000, "seed": 1}) as r:
         next(r.iter_bytes())
+    # The deadline only keeps a broken server from hanging the suite; what is asserted is what
+    # the server did: it cancelled the request long before its 4000 frames (the pump looks at
+    # its client every 20 ms; the latency is the serving bench's to measure).
     t0 = time.monotonic()
     while s.metric("qtts_requests_cancelled_total", reason="client_disconnect") == before:
-        assert time.monotonic() - t0 < 0.3, "the request was not cancelled within 300 ms"
+        assert time.monotonic() - t0 < 30, "the request was never cancelled"
         time.sleep(0.005)
-    s.wait_idle(1.0)
-    # The engine is free: the next request runs at once.
-    data, times = pcm(s)
-    assert len(data) == SAMPLES * 2 and times[0] < 1.0
+    s.wait_idle(30.0)
+    assert s.metric("qtts_frames_total") < 4000
+    # The engine is free: the next request runs whole.
+    data, _ = pcm(s)
+    assert len(data) == SAMPLES * 2
 
 
 def test_queued_disconnect_never_runs(make_server):
-    s = make_server("--queue", "2", "--max-frames", "4000")
-    t1, _ = long_request(s)
+    s = make_server("--queue", "2", "--max-frames", "4000", "--buffer-seconds", "1",
+                    "--write-stall-timeout", "60")
+    running = held_request(s)
     wait_running(s, 1)
     sock = socket.create_connection(("127.0.0.1", int(s.http.rsplit(":", 1)[1])))
     body = json.dumps({"input": "queued", "voice": "vivian", "response_format": "pcm", **EXTRA})
@@ -287,11 +294,12 @@ def test_queued_disconnect_never_runs(make_server):
     sock.close()
     t0 = time.monotonic()
     while s.metric("qtts_queue_abandoned_total") < 1:
-        assert time.monotonic() - t0 < 1.0, "the queued request was not dropped"
+        assert time.monotonic() - t0 < 30, "the queued request was never dropped"
         time.sleep(0.01)
+    assert s.metric("qtts_requests_in_flight") == 1, "the held request still runs"
     httpx.get(s.base + "/livez")
+    running.close()
     s.stop()
-    t1.join(60)
 
 
 def test_api_key(make_server):
@@ -305,15 +313,13 @@ def test_api_key(make_server):
 
 def test_async_client_two_concurrent_requests_in_fifo_order(server):
     async def one(c, i):
-        t = []
         async with c.audio.speech.with_streaming_response.create(
                 model="tts-1", voice="vivian", input=f"Request {i}.", response_format="pcm",
                 extra_body={"max_new_tokens": 40, "seed": i}) as r:
             n = 0
             async for chunk in r.iter_bytes():
-                t.append(time.monotonic())
                 n += len(chunk)
-        return n, t[0], t[-1]
+        return n, int(r.headers["x-qtts-job"]), int(r.headers["x-qtts-after-job"])
 
     async def main():
         c = openai.AsyncOpenAI(base_url=server.base + "/v1", api_key="sk-local", max_retries=0)
@@ -322,9 +328,13 @@ def test_async_client_two_concurrent_requests_in_fifo_order(server):
         second = asyncio.create_task(one(c, 2))
         return await first, await second
 
-    (n1, _, end1), (n2, start2, _) = asyncio.run(main())
+    # Both whole; the engine ran them one after the other in the order they were queued: the
+    # later one started right after the earlier one ended (what the server did, not when the
+    # client's event loop happened to read the bytes).
+    (n1, seq1, after1), (n2, seq2, after2) = asyncio.run(main())
     assert n1 == n2 == 40 * 1920 * 2
-    assert start2 >= end1 - 0.05, "the second request's audio began before the first ended"
+    (early, _), (late, late_after) = sorted([(seq1, after1), (seq2, after2)])
+    assert late_after == early, f"job {late} ran after job {late_after}, not after job {early}"
 
 
 def test_slow_reader_is_bounded_then_cancelled(make_server):
@@ -343,21 +353,25 @@ def test_slow_reader_is_bounded_then_cancelled(make_server):
     # Memory stayed bounded: far less than the 4000 frames (5 min of audio) it asked for.
     assert s.metric("qtts_frames_total") < 4000
     sock.close()
-    s.wait_idle(2.0)
+    s.wait_idle(30.0)
 
 
 def test_sigterm_drains_then_cancels_and_exits(make_server):
     import signal
-    s = make_server("--max-frames", "4000", "--drain-timeout", "0.5")
-    t, out = long_request(s, frames=4000)
+    # The client reads nothing, so its request is still running when the drain ends.
+    s = make_server("--max-frames", "4000", "--drain-timeout", "0.5", "--buffer-seconds", "1",
+                    "--write-stall-timeout", "60")
+    sock = held_request(s)
     wait_running(s, 1)
-    t0 = time.monotonic()
     s.proc.send_signal(signal.SIGTERM)
-    assert s.proc.wait(timeout=10) == 0
-    assert time.monotonic() - t0 < 5.0
-    t.join(10)
-    # Cut short: the body is broken off, never ended like a whole file.
-    assert "error" in out, out
+    assert s.proc.wait(timeout=30) == 0
+    # What the server did: drained, then cancelled the request it still had, then exited. (Its
+    # client, reading through a 4 KiB window, would take a minute to see the broken-off end;
+    # the audio-limit test reads one.)
+    log = s.proc.stderr.read()
+    assert "draining (1 requests in flight" in log, log
+    assert "cancelling 1 requests" in log, log
+    sock.close()
     with pytest.raises(httpx.ConnectError):
         httpx.get(s.base + "/livez")
 

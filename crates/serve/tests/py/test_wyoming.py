@@ -131,7 +131,10 @@ def test_ping(server):
 
 
 def test_describe_answers_while_synthesizing(make_server):
-    s = make_server("--max-frames", "4000")
+    # The busy client reads nothing after audio-start: with 1 s of buffering its request stays
+    # in flight (held by backpressure) for up to the 60 s write-stall timeout.
+    s = make_server("--max-frames", "4000", "--buffer-seconds", "1",
+                    "--write-stall-timeout", "60")
 
     async def go():
         busy = AsyncTcpClient("127.0.0.1", s.wyoming_port)
@@ -140,15 +143,15 @@ def test_describe_answers_while_synthesizing(make_server):
         first = await busy.read_event()
         assert first.type == "audio-start"
         async with AsyncTcpClient("127.0.0.1", s.wyoming_port) as c:
-            t0 = time.monotonic()
             await c.write_event(Describe().event())
             info = await c.read_event()
-            dt = time.monotonic() - t0
+        # What the server did: it answered while the synthesis was still in flight, not after.
+        running = s.metric("qtts_requests_in_flight")
         await busy.disconnect()
-        return info, dt
-    info, dt = run(go())
+        return info, running
+    info, running = run(go())
     assert info.type == "info"
-    assert dt < 1.0, f"describe took {dt:.3f} s while the engine was busy"
+    assert running == 1, "describe was answered only once the synthesis had ended"
 
 
 def test_disconnect_cancels_and_the_next_request_is_not_delayed(make_server):
@@ -167,12 +170,13 @@ def test_disconnect_cancels_and_the_next_request_is_not_delayed(make_server):
     t0 = time.monotonic()
     while s.metric("qtts_requests_cancelled_total", reason="client_disconnect",
                    frontend="wyoming") == before:
-        assert time.monotonic() - t0 < 0.3, "not cancelled within 300 ms"
+        # Only a guard against a hang: what is asserted is that the server cancelled it.
+        assert time.monotonic() - t0 < 30, "never cancelled"
         time.sleep(0.005)
-    s.wait_idle(1.0)
-    t0 = time.monotonic()
+    s.wait_idle(30.0)
+    assert s.metric("qtts_frames_total") < 4000
     evs = one_shot_events(s.wyoming_port, "Hello.")
-    assert evs[-1].type == "audio-stop" and time.monotonic() - t0 < 5
+    assert evs[-1].type == "audio-stop"
 
 
 def test_two_connections_run_in_fifo_order(server):
@@ -182,7 +186,7 @@ def test_two_connections_run_in_fifo_order(server):
             evs = []
             while True:
                 e = await c.read_event()
-                evs.append((time.monotonic(), e.type))
+                evs.append(e)
                 if e.type == "audio-stop":
                     return evs
 
@@ -192,8 +196,13 @@ def test_two_connections_run_in_fifo_order(server):
         b = asyncio.create_task(one("Second one."))
         return await a, await b
     a, b = run(go())
-    assert a[-1][1] == "audio-stop" and b[-1][1] == "audio-stop"
-    assert b[0][0] >= a[-1][0] - 0.05
+    assert a[-1].type == "audio-stop" and b[-1].type == "audio-stop"
+    assert a[0].type == b[0].type == "audio-start"
+    # The engine's order as the server reports it: the later job started right after the
+    # earlier one ended.
+    (early, _), (late, late_after) = sorted(
+        (evs[0].data["qtts_job"], evs[0].data["qtts_after_job"]) for evs in (a, b))
+    assert late_after == early, f"job {late} ran after job {late_after}, not after job {early}"
 
 
 def test_malformed_frames_close_the_connection_and_the_server_stays_up(server):
