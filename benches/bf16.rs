@@ -3,7 +3,8 @@
 //! products of `r · c_out` columns, and the small-row products whose weights come once per
 //! call): each bf16 kernel this CPU has (`qtts::kernels::bf16`: AMX tiles, AVX-512 BF16), and in
 //! the same run the f32 path's `matrixmultiply` sgemm on the same shape (one product per tap, as
-//! `ffi::Context::conv_gemm` runs it for dilated convs): the ratio the default decoder gains.
+//! `ffi::Context::conv_gemm` runs it for dilated convs), and the exact f32 kernels on panels
+//! (`qtts::kernels::panel`, each one this CPU has): the ratios the decoder's paths gain.
 //!
 //! Run with: `cargo bench --bench bf16`. Criterion prints elements per second: one element is
 //! one floating-point operation (2 per multiply-add), so the rate reads as FLOP/s. The operands
@@ -12,6 +13,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use qtts::kernels::bf16::{self, Kernel};
+use qtts::kernels::panel::{self, Kernel as PanelKernel};
 
 /// `(c_in, taps, dilation, t_out, n)` of one product.
 const SHAPES: [(usize, usize, usize, usize, usize); 13] = [
@@ -37,6 +39,15 @@ fn bench(c: &mut Criterion) {
         .filter(|k| {
             if !k.available() {
                 eprintln!("bf16: kernel {k:?} skipped, this CPU lacks its instructions");
+            }
+            k.available()
+        })
+        .collect();
+    let panels: Vec<PanelKernel> = [PanelKernel::Avx512, PanelKernel::Avx2]
+        .into_iter()
+        .filter(|k| {
+            if !k.available() {
+                eprintln!("panel: kernel {k:?} skipped, this CPU lacks its instructions");
             }
             k.available()
         })
@@ -78,6 +89,40 @@ fn bench(c: &mut Criterion) {
                             y.as_mut_ptr(),
                             s,
                             (0, blocks),
+                            |_, _| {},
+                        )
+                    };
+                    std::hint::black_box(&y);
+                })
+            });
+        }
+        // The exact f32 products on panels (`qtts::kernels::panel`), each vector kernel this CPU
+        // has.
+        let wpanel = panel::pack(&w, k, n).expect("the shapes fit the panels");
+        let mut pbuf = vec![0f32; wpanel.len() + panel::LINE / 4];
+        let line = (pbuf.as_ptr() as usize).next_multiple_of(panel::LINE) - pbuf.as_ptr() as usize;
+        pbuf[line / 4..line / 4 + wpanel.len()].copy_from_slice(&wpanel);
+        let pp = pbuf[line / 4..].as_ptr();
+        let ps = panel::Conv {
+            c_in,
+            taps,
+            dilation,
+            t_out,
+            n,
+        };
+        for &kernel in &panels {
+            g.bench_function(format!("f32 panel {kernel:?}"), |b| {
+                b.iter(|| {
+                    // SAFETY: the kernel is available (filtered above); `pp` holds the packed
+                    // kernel on a cache line, `x` the input rows, `y` room for the output.
+                    unsafe {
+                        panel::conv(
+                            kernel,
+                            pp,
+                            x.as_ptr(),
+                            y.as_mut_ptr(),
+                            ps,
+                            (0, panel::blocks(t_out, n)),
                             |_, _| {},
                         )
                     };

@@ -27,10 +27,18 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10);
     g.throughput(Throughput::Elements(1));
     // ggml's products on the f32 file (the baseline), the host products (`conv_gemm`) on the f32
-    // and f16 files, and ggml's q8_0 products.
+    // file by `matrixmultiply` (the f32 products before the panels), on the f32 and f16 files by
+    // the tier's panel kernel where it has one, the bf16 products, and ggml's q8_0 products.
     use qtts::kernels::bf16::Kernel as Bf16;
     for (label, ty, q8, products, bf16) in [
         ("ggml f32", OutType::F32, false, Products::Ggml, None),
+        (
+            "host f32 sgemm",
+            OutType::F32,
+            false,
+            Products::HostF32Sgemm,
+            None,
+        ),
         ("host f32", OutType::F32, false, Products::HostF32, None),
         (
             "host f32 from f16 file",

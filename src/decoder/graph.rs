@@ -97,6 +97,9 @@ impl<'a> Builder<'a> {
         let bias = self.wt(&format!("{name}.bias"))?;
         if self.w.get(&format!("{name}.weight.kshape")).is_none() {
             // Stored for the host product (see `Loader::conv`).
+            if self.panel(w) {
+                return c.conv_gemm_panel(w, xp, k, d, Some(bias), residual);
+            }
             return c.conv_gemm_by(self.bf16, w, xp, k, d, Some(bias), residual);
         }
         let y = if context {
@@ -114,6 +117,12 @@ impl<'a> Builder<'a> {
             c.mul_mat(w, xp)?
         };
         self.ggml_then(y, Some(bias), residual)
+    }
+
+    /// Whether the weight matrix `w` is stored in f32 panels ([`crate::kernels::panel`]; its
+    /// `<name>.panel` stand-in marks it), which only [`Context::conv_gemm_panel`] reads.
+    pub(super) fn panel(&self, w: Tensor<'a>) -> bool {
+        w.is_type(GgmlType::F32) && self.w.get(&format!("{}.panel", w.name())).is_some()
     }
 
     /// SnakeBeta `name` of `x`, after the left context in state tensor `hist`: as
@@ -163,6 +172,9 @@ impl<'a> Builder<'a> {
         bias: Option<Tensor<'a>>,
         residual: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
+        if self.panel(w) {
+            return self.c.conv_gemm_panel(w, x, 1, 1, bias, residual);
+        }
         if w.is_type(GgmlType::BF16)
             || (self.host && w.is_type(GgmlType::F32) && x.ne()[1] >= HOST_MIN_ROWS)
         {
@@ -208,6 +220,9 @@ impl<'a> Builder<'a> {
         x: Tensor<'a>,
         bias: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
+        if self.panel(w) {
+            return self.c.conv_gemm_panel(w, x, 1, 1, bias, None);
+        }
         if w.is_type(GgmlType::BF16) {
             return self.c.conv_gemm_by(self.bf16, w, x, 1, 1, bias, None);
         }

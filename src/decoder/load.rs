@@ -4,7 +4,7 @@
 use crate::error::ModelError;
 use crate::ffi::Context;
 use crate::gguf::{GgmlType, GgufFile};
-use crate::kernels::bf16;
+use crate::kernels::{bf16, panel};
 
 /// Copies `n` elements of `es` bytes each: element `i` of the output is element `index(i)` of
 /// `data`.
@@ -28,6 +28,10 @@ pub(super) struct Loader<'f> {
     pub(super) host: bool,
     /// With `host`: store them as bf16 tiles ([`crate::kernels::bf16::pack`]) where they fit.
     pub(super) bf16: bool,
+    /// With `host` and not `bf16`: store every conv and transposed-conv matrix whose columns fit
+    /// as f32 panels ([`crate::kernels::panel::pack`]), marked by a `<name>.panel` stand-in, so
+    /// that the graph computes all of them on the host (no packing per call: few rows pay too).
+    pub(super) panel: bool,
     /// The tensor the previous [`Loader::source`] call read: each loading function reads one, so
     /// its pages are released (see [`GgufFile::release`]) when the next is read, and the file is
     /// never resident as a whole.
@@ -93,6 +97,19 @@ impl Loader<'_> {
                 return Ok(());
             }
         }
+        if self.panel && !self.bf16 {
+            if let Some(p) = panel::pack(v, k, n) {
+                let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
+                // Panel rows on cache lines (see `panel::LINE`).
+                let t = self
+                    .w
+                    .new_tensor_aligned(GgmlType::F32, &[k, n], panel::LINE)
+                    .map_err(ModelError::from)?;
+                t.write_bytes(&bytes).map_err(ModelError::from)?;
+                t.set_name(name);
+                return self.put(&format!("{name}.panel"), GgmlType::F32, &[1], &[0; 4]);
+            }
+        }
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         self.put(name, GgmlType::F32, &[k, n], &bytes)
     }
@@ -154,7 +171,7 @@ impl Loader<'_> {
         if found != [k, c_in, c_out] || !matches!(ty, GgmlType::F32 | GgmlType::F16) {
             return Err(self.shape_err(name, &[k, c_in, c_out], &found));
         }
-        if (host || self.bf16) && self.host {
+        if (host || self.bf16 || self.panel) && self.host {
             let v = crate::ffi::dequantize(ty, data, k * c_in * c_out).map_err(ModelError::from)?;
             // Element (c, j, o) of the output sits at c + c_in·(j + k·o); source at j + k·(c + c_in·o).
             let t: Vec<f32> = (0..k * c_in * c_out)
@@ -216,8 +233,9 @@ impl Loader<'_> {
                 (j0 + j) + k * (o + c_out * c)
             });
             let part = format!("{name}.{part}");
-            if (host || self.bf16) && self.host && (ty != GgmlType::F32 || self.bf16) {
-                // f16 widened to f32, or f32 packed to bf16, for the host product.
+            let packed = self.bf16 || self.panel;
+            if (host || packed) && self.host && (ty != GgmlType::F32 || packed) {
+                // f16 widened to f32, or f32 packed to bf16 or panels, for the host product.
                 let v = crate::ffi::dequantize(ty, &bytes, c_in * r * c_out)
                     .map_err(ModelError::from)?;
                 self.put_host(&part, &v, c_in, r * c_out, 1)?;

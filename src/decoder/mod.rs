@@ -23,8 +23,10 @@
 //!   capturing), never activation memory.
 //! - [`Decoder::decode_frames`] blocks the calling thread for the compute, on the caller's
 //!   threadpool, and writes into the caller's buffer.
-//! - Convs are im2col columns times the kernel matrix; depthwise convs and the trimmed transposed
-//!   convs are sums of shifted rows; SnakeBeta is one fused pass ([`crate::kernels::snake`]). Intermediate
+//! - Convs and transposed convs are products on the host ([`Context::conv_gemm`]: f32 panels of
+//!   [`crate::kernels::panel`] where the tier has AVX2 or AVX-512, bf16 tiles for [`Products::HostBf16`],
+//!   else `matrixmultiply`), or ggml's im2col columns times the kernel matrix ([`Products::Ggml`]);
+//!   depthwise convs are sums of shifted rows; SnakeBeta is one fused pass ([`crate::kernels::snake`]). Intermediate
 //!   tensors share one buffer sized to the graph's peak (ggml's graph allocator).
 //! - Speed: PERFORMANCE.md (about 5 GFLOP per frame; not yet real time on 2 AVX2 cores).
 
@@ -63,8 +65,15 @@ pub const HOST_MIN_ROWS: usize = 32;
 pub enum Products {
     /// ggml's `im2col` and `mul_mat` in the file's type: the benches' baseline.
     Ggml,
-    /// [`Context::conv_gemm`] on f32 matrices (f16 files widened): exact, the default.
+    /// [`Context::conv_gemm`] on f32 matrices (f16 files widened): exact, the default. Where the
+    /// process's tier has a [`crate::kernels::panel::Kernel`] (AVX2 with FMA, AVX-512), every
+    /// conv and transposed-conv matrix is packed in panels at load and computed by it, whatever
+    /// its row count; elsewhere by `matrixmultiply`, as [`Products::HostF32Sgemm`].
     HostF32,
+    /// [`Context::conv_gemm`] on unpacked f32 matrices by `matrixmultiply`'s sgemm (which packs
+    /// them per call, so products of fewer than [`HOST_MIN_ROWS`] rows stay on ggml): the
+    /// products before the panels, kept as the benches' baseline.
+    HostF32Sgemm,
     /// [`Context::conv_gemm`] on bf16 matrices, on AMX tiles or with AVX-512 BF16 dot products,
     /// where the shapes allow ([`crate::kernels::bf16::fits`]), f32 elsewhere: not exact (bf16
     /// keeps 8 significant bits, see PERFORMANCE.md), half the memory. Only where the process's
@@ -375,6 +384,9 @@ impl Decoder {
             matrices,
             host,
             bf16: host && products == Products::HostBf16,
+            panel: host
+                && products == Products::HostF32
+                && crate::kernels::panel::Kernel::active().is_some(),
             last: Default::default(),
         };
         let p = "a.gen.wav";

@@ -25,6 +25,13 @@ impl<'ctx> Tensor<'ctx> {
         *self
     }
 
+    /// The tensor's name (empty when it has none; lossy where it is not UTF-8).
+    pub fn name(&self) -> String {
+        // SAFETY: the tensor is live; its name is NUL-terminated by ggml.
+        let name = unsafe { CStr::from_ptr(sys::ggml_get_name(self.ptr.as_ptr())) };
+        name.to_string_lossy().into_owned()
+    }
+
     /// Whether the tensor's type is `ty`.
     pub fn is_type(&self, ty: crate::gguf::GgmlType) -> bool {
         // SAFETY: the tensor is live; its type is a field read.
@@ -172,14 +179,12 @@ impl<'ctx> Tensor<'ctx> {
     pub(super) fn check_data(&self) -> Result<(), GgmlError> {
         // SAFETY: the tensor is live; reading its data pointer is a field read.
         if unsafe { sys::ggml_get_data(self.ptr.as_ptr()) }.is_null() {
-            // SAFETY: the tensor is live; its name is NUL-terminated by ggml.
-            let name = unsafe { CStr::from_ptr(sys::ggml_get_name(self.ptr.as_ptr())) };
             return Err(GgmlError::Shape {
                 what: "tensor data",
                 expected: "a tensor with data".into(),
                 found: format!(
                     "'{}', which has none (a graph-allocated tensor its graph does not use)",
-                    name.to_string_lossy()
+                    self.name()
                 ),
             });
         }

@@ -16,6 +16,8 @@
 //! - [`attend`]: one row's attention over q8_0 caches (the talker's steps), within rounding.
 //! - [`bf16`]: the decoder's products on bf16 weights (AMX tiles, or AVX-512 BF16 dot products),
 //!   within the bf16 products' rounding.
+//! - [`panel`]: the decoder's exact f32 products on weights packed in column panels,
+//!   bit-identical.
 //!
 //! What this policy does not reach: ggml's kernels (llama.cpp's talker, the graphs' own ops) are
 //! chosen when llama.cpp is built, for the building CPU (`.cargo/config.toml`), and
@@ -25,6 +27,7 @@ pub mod attend;
 pub mod bf16;
 pub mod dot;
 pub mod features;
+pub mod panel;
 pub mod quant;
 pub mod snake;
 

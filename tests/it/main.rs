@@ -24,6 +24,7 @@ mod generate;
 mod gguf;
 mod handoff_model;
 mod layout;
+mod panel;
 
 mod sampling;
 mod split;

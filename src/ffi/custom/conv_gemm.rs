@@ -4,7 +4,7 @@
 use super::thread_share;
 use crate::ffi::{sys, Context, GgmlError, Tensor};
 use crate::gguf::GgmlType;
-use crate::kernels::bf16;
+use crate::kernels::{bf16, panel};
 
 /// The largest tap count and dilation [`Context::conv_gemm`] takes: both travel in the op's
 /// `userdata` word, 14 bits each, beside the epilogue's two flags.
@@ -16,6 +16,20 @@ const CONV_GEMM_RESIDUAL: usize = 1 << 29;
 /// `userdata` flag of [`Context::conv_gemm_by`]: a bf16 kernel runs on AVX-512 BF16 (else on
 /// AMX tiles).
 const CONV_GEMM_AVX512_BF16: usize = 1 << 30;
+/// `userdata` flag of [`Context::conv_gemm_panel`]: the f32 kernel is packed in panels
+/// ([`panel::pack`]), computed by the process's tier's [`panel::Kernel`].
+const CONV_GEMM_PANEL: usize = 1 << 31;
+
+/// What computes a [`Context::conv_gemm_by`] node, by the kernel matrix's storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Storage {
+    /// f32 as `[taps · c_in, c_out]`: `matrixmultiply`'s sgemm.
+    F32,
+    /// bf16 tiles ([`bf16::pack`]) for this kernel (or none available).
+    Bf16(Option<bf16::Kernel>),
+    /// f32 panels ([`panel::pack`]).
+    Panel,
+}
 
 /// What [`Context::conv_gemm_then`] adds to the product's rows as each part is stored: the bias,
 /// then the residual.
@@ -120,6 +134,29 @@ unsafe extern "C" fn conv_gemm_trampoline(
             epilogue.residual = (*(*dst).src[next]).data as *const f32;
         }
         let y = (*dst).data as *mut f32;
+        if word & CONV_GEMM_PANEL != 0 {
+            // `conv_gemm_panel` built the node only with a kernel available.
+            let Some(kernel) = panel::Kernel::active() else {
+                return;
+            };
+            let s = panel::Conv {
+                c_in,
+                taps,
+                dilation,
+                t_out,
+                n: c_out,
+            };
+            panel::conv(
+                kernel,
+                (*w).data as *const f32,
+                (*x).data as *const f32,
+                y,
+                s,
+                thread_share(panel::blocks(t_out, c_out), ith, nth),
+                |rows, cols| epilogue.apply(y, c_out, rows, cols),
+            );
+            return;
+        }
         if (*w).type_ == sys::GGML_TYPE_BF16 {
             // `conv_gemm_by` built a bf16 node only with the kernel available.
             let kernel = if word & CONV_GEMM_AVX512_BF16 != 0 {
@@ -235,8 +272,57 @@ impl Context {
         bias: Option<Tensor<'a>>,
         residual: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
-        let bf16 = w.is_type(GgmlType::BF16);
-        if bf16 {
+        let storage = if w.is_type(GgmlType::BF16) {
+            Storage::Bf16(kernel)
+        } else {
+            Storage::F32
+        };
+        self.conv_gemm_stored(storage, w, x, taps, dilation, bias, residual)
+    }
+
+    /// [`Context::conv_gemm_then`] with the kernel matrix `w` in f32 panels ([`panel::pack`] of
+    /// the `[taps · c_in, c_out]` matrix, `c_out` a multiple of [`panel::BLOCK`]), computed by
+    /// the process's tier's [`panel::Kernel`]: exact f32 (one fused multiply-add chain per output,
+    /// in the order [`panel`] fixes), no packing per call, so it pays on products of any row
+    /// count. An error on a tier without one (scalar, or off x86-64).
+    pub fn conv_gemm_panel<'a>(
+        &'a self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        taps: usize,
+        dilation: usize,
+        bias: Option<Tensor<'a>>,
+        residual: Option<Tensor<'a>>,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        self.conv_gemm_stored(Storage::Panel, w, x, taps, dilation, bias, residual)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn conv_gemm_stored<'a>(
+        &'a self,
+        storage: Storage,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        taps: usize,
+        dilation: usize,
+        bias: Option<Tensor<'a>>,
+        residual: Option<Tensor<'a>>,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        if storage == Storage::Panel {
+            Self::dense_f32("conv_gemm panel kernel", w)?;
+            let kernel = panel::Kernel::active();
+            if kernel.is_none() || !panel::fits(w.ne()[1]) {
+                return Err(GgmlError::Shape {
+                    what: "conv_gemm panel kernel",
+                    expected: format!(
+                        "a kernel packed by panel::pack, c_out a multiple of {}, on a kernel                          tier with AVX2 and FMA or AVX-512 (else an unpacked f32 kernel)",
+                        panel::BLOCK
+                    ),
+                    found: format!("kernel {:?}, panel kernel {kernel:?}", w.ne()),
+                });
+            }
+        }
+        if let Storage::Bf16(kernel) = storage {
             // SAFETY: the tensor is live; the contiguity test reads only its shape and strides.
             let dense = unsafe { sys::ggml_is_contiguous(w.ptr.as_ptr()) };
             let usable = kernel.is_some_and(bf16::Kernel::available);
@@ -254,7 +340,7 @@ impl Context {
                     ),
                 });
             }
-        } else {
+        } else if storage == Storage::F32 {
             Self::dense_f32("conv_gemm kernel", w)?;
         }
         Self::dense_f32("conv_gemm input", x)?;
@@ -283,8 +369,10 @@ impl Context {
         let (c_out, t_out) = (nw[1], nx[1] - span);
         let mut args = vec![w, x];
         let mut word = (taps << 14) | dilation;
-        if w.is_type(GgmlType::BF16) && kernel == Some(bf16::Kernel::Avx512) {
-            word |= CONV_GEMM_AVX512_BF16;
+        match storage {
+            Storage::Bf16(Some(bf16::Kernel::Avx512)) => word |= CONV_GEMM_AVX512_BF16,
+            Storage::Panel => word |= CONV_GEMM_PANEL,
+            _ => {}
         }
         if let Some(b) = bias {
             Self::dense_f32("conv_gemm bias", b)?;

@@ -373,3 +373,101 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
     // SAFETY: plain stores of the accumulators.
     acc.map(|a| unsafe { store16(a) })
 }
+
+/// Rows `rows` of column block `nb` of [`crate::kernels::panel::conv`]: each of its two panels
+/// in turn, 6 rows at a time (12 accumulators, two weight vectors and a broadcast in the 16
+/// registers).
+///
+/// # Safety
+/// As [`crate::kernels::panel::conv`], with AVX2 and FMA.
+pub unsafe fn panel_block(
+    w: *const f32,
+    x: *const f32,
+    y: *mut f32,
+    s: crate::kernels::panel::Conv,
+    nb: usize,
+    rows: std::ops::Range<usize>,
+) {
+    for p in 2 * nb..2 * nb + 2 {
+        let mut t = rows.start;
+        while t < rows.end {
+            let left = rows.end - t;
+            // SAFETY: the caller's contract; rows t..t + R lie below `rows.end` <= t_out.
+            unsafe {
+                match left {
+                    6.. => panel_rows::<6>(w, x, y, s, p, t),
+                    4.. => panel_rows::<4>(w, x, y, s, p, t),
+                    2.. => panel_rows::<2>(w, x, y, s, p, t),
+                    _ => panel_rows::<1>(w, x, y, s, p, t),
+                }
+            }
+            t += match left {
+                6.. => 6,
+                4.. => 4,
+                2.. => 2,
+                _ => 1,
+            };
+        }
+    }
+}
+
+/// Output rows `t..t + R` of panel `p` (16 columns, two vectors of 8).
+///
+/// # Safety
+/// As [`panel_block`]; rows `t..t + R` are below `t_out`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn panel_rows<const R: usize>(
+    w: *const f32,
+    x: *const f32,
+    y: *mut f32,
+    s: crate::kernels::panel::Conv,
+    p: usize,
+    t: usize,
+) {
+    use crate::kernels::panel::{CHAIN, PANEL};
+    let k = s.taps * s.c_in;
+    let wp = w.wrapping_add(p * PANEL * k);
+    let o0 = p * PANEL;
+    let out: [*mut f32; R] = std::array::from_fn(|i| y.wrapping_add((t + i) * s.n + o0));
+    let mut first = true;
+    for j in 0..s.taps {
+        // Row t + i of this tap: input row t + i + j · dilation, one pointer each.
+        let rows: [*const f32; R] =
+            std::array::from_fn(|i| x.wrapping_add((t + i + j * s.dilation) * s.c_in));
+        let mut pw = wp.wrapping_add(j * s.c_in * PANEL);
+        for c0 in (0..s.c_in).step_by(CHAIN) {
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            for c in c0..(c0 + CHAIN).min(s.c_in) {
+                // SAFETY: weights (j · c_in + c, panel p) inside `w`; input rows t + i +
+                // j · dilation < t_out + span for i < R, channel c < c_in.
+                unsafe {
+                    let bw0 = _mm256_loadu_ps(pw);
+                    let bw1 = _mm256_loadu_ps(pw.add(8));
+                    for (acc, row) in acc.iter_mut().zip(&rows) {
+                        let xv = _mm256_broadcast_ss(&*row.add(c));
+                        acc[0] = _mm256_fmadd_ps(xv, bw0, acc[0]);
+                        acc[1] = _mm256_fmadd_ps(xv, bw1, acc[1]);
+                    }
+                }
+                pw = pw.wrapping_add(PANEL);
+            }
+            // The chain into the output rows: stored first, then added.
+            for (acc, &row) in acc.iter().zip(&out) {
+                // SAFETY: output row t + i < t_out, columns o0..o0 + 16 <= n.
+                unsafe {
+                    let (a, b) = if first {
+                        (acc[0], acc[1])
+                    } else {
+                        (
+                            _mm256_add_ps(_mm256_loadu_ps(row), acc[0]),
+                            _mm256_add_ps(_mm256_loadu_ps(row.add(8)), acc[1]),
+                        )
+                    };
+                    _mm256_storeu_ps(row, a);
+                    _mm256_storeu_ps(row.add(8), b);
+                }
+            }
+            first = false;
+        }
+    }
+}

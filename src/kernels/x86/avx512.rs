@@ -1,5 +1,6 @@
 //! AVX-512 F and BW kernels: the heads' dot products ([`crate::kernels::dot`]), SnakeBeta
-//! ([`crate::kernels::snake`]) and one row's q8_0 attention ([`crate::kernels::attend`]).
+//! ([`crate::kernels::snake`]), one row's q8_0 attention ([`crate::kernels::attend`]) and the
+//! decoder's packed f32 products ([`crate::kernels::panel`]).
 
 use std::arch::x86_64::*;
 
@@ -200,4 +201,109 @@ pub unsafe fn read_all(bytes: &[u8]) -> u64 {
     );
     let t: u64 = tail.iter().map(|&b| b as u64).sum();
     (_mm512_reduce_add_epi32(s) as u32 as u64).wrapping_add(t)
+}
+
+/// Rows of a [`crate::kernels::panel`] block computed together: 16 accumulators (two panels
+/// each), the two weight vectors and the broadcasts stay in registers, and the rows' pointers in
+/// general registers.
+const PANEL_ROWS: usize = 8;
+
+/// Rows `rows` of column block `nb` of [`crate::kernels::panel::conv`], [`PANEL_ROWS`] at a time.
+///
+/// # Safety
+/// As [`crate::kernels::panel::conv`], with AVX-512 F.
+pub unsafe fn panel_block(
+    w: *const f32,
+    x: *const f32,
+    y: *mut f32,
+    s: crate::kernels::panel::Conv,
+    nb: usize,
+    rows: std::ops::Range<usize>,
+) {
+    let mut t = rows.start;
+    while t < rows.end {
+        let left = rows.end - t;
+        // SAFETY: the caller's contract; rows t..t + R lie below `rows.end` <= t_out.
+        unsafe {
+            match left {
+                PANEL_ROWS.. => panel_rows::<PANEL_ROWS>(w, x, y, s, nb, t),
+                4.. => panel_rows::<4>(w, x, y, s, nb, t),
+                2.. => panel_rows::<2>(w, x, y, s, nb, t),
+                _ => panel_rows::<1>(w, x, y, s, nb, t),
+            }
+        }
+        t += match left {
+            PANEL_ROWS.. => PANEL_ROWS,
+            4.. => 4,
+            2.. => 2,
+            _ => 1,
+        };
+    }
+}
+
+/// Output rows `t..t + R` of column block `nb`: per reduction value, two 16-column weight
+/// vectors times each row's broadcast input value, one `vfmadd` per row and panel.
+///
+/// # Safety
+/// As [`panel_block`]; rows `t..t + R` are below `t_out`.
+#[target_feature(enable = "avx512f")]
+unsafe fn panel_rows<const R: usize>(
+    w: *const f32,
+    x: *const f32,
+    y: *mut f32,
+    s: crate::kernels::panel::Conv,
+    nb: usize,
+    t: usize,
+) {
+    use crate::kernels::panel::{CHAIN, PANEL};
+    let k = s.taps * s.c_in;
+    let w0 = w.wrapping_add(2 * nb * PANEL * k);
+    let w1 = w0.wrapping_add(PANEL * k);
+    let o0 = 2 * nb * PANEL;
+    let out: [*mut f32; R] = std::array::from_fn(|i| y.wrapping_add((t + i) * s.n + o0));
+    let mut first = true;
+    for j in 0..s.taps {
+        // Row t + i of this tap: input row t + i + j · dilation, one pointer each (kept in
+        // registers, not recomputed per value).
+        let rows: [*const f32; R] =
+            std::array::from_fn(|i| x.wrapping_add((t + i + j * s.dilation) * s.c_in));
+        let (mut p0, mut p1) = (
+            w0.wrapping_add(j * s.c_in * PANEL),
+            w1.wrapping_add(j * s.c_in * PANEL),
+        );
+        for c0 in (0..s.c_in).step_by(CHAIN) {
+            let mut acc = [[_mm512_setzero_ps(); 2]; R];
+            for c in c0..(c0 + CHAIN).min(s.c_in) {
+                // SAFETY: weights (j · c_in + c, both panels) inside `w`; input rows t + i +
+                // j · dilation < t_out + span for i < R, channel c < c_in.
+                unsafe {
+                    let bw0 = _mm512_loadu_ps(p0);
+                    let bw1 = _mm512_loadu_ps(p1);
+                    for (acc, row) in acc.iter_mut().zip(&rows) {
+                        let xv = _mm512_set1_ps(*row.add(c));
+                        acc[0] = _mm512_fmadd_ps(xv, bw0, acc[0]);
+                        acc[1] = _mm512_fmadd_ps(xv, bw1, acc[1]);
+                    }
+                }
+                (p0, p1) = (p0.wrapping_add(PANEL), p1.wrapping_add(PANEL));
+            }
+            // The chain into the output rows: stored first, then added.
+            for (acc, &row) in acc.iter().zip(&out) {
+                // SAFETY: output row t + i < t_out, columns o0..o0 + 32 <= n.
+                unsafe {
+                    let (a, b) = if first {
+                        (acc[0], acc[1])
+                    } else {
+                        (
+                            _mm512_add_ps(_mm512_loadu_ps(row), acc[0]),
+                            _mm512_add_ps(_mm512_loadu_ps(row.add(PANEL)), acc[1]),
+                        )
+                    };
+                    _mm512_storeu_ps(row, a);
+                    _mm512_storeu_ps(row.add(PANEL), b);
+                }
+            }
+            first = false;
+        }
+    }
 }

@@ -1,0 +1,221 @@
+//! The decoder's exact f32 products on weights packed once at load: a causal convolution (or a
+//! plain matrix product, one tap) of f32 input rows by a kernel matrix stored in column panels
+//! ([`pack`]), f32 out, each output one chain of fused multiply-adds.
+//!
+//! [`pack`]'s order: panel `p` holds, for each reduction index `r` in turn, the [`PANEL`] columns
+//! `p · 16 ..` of row `r`, one 64-byte line. A kernel keeps [`BLOCK`] columns (two panels) of a
+//! few output rows in registers and, for each reduction value, loads two lines of weights and
+//! broadcasts each row's input value: no copy of the input (no im2col: row `t` of tap `j` is input
+//! row `t + j · dilation`, read where it lies) and no packing per call, which `matrixmultiply`'s
+//! sgemm does for every product (its cost kept the few-row products on ggml before).
+//!
+//! Arithmetic, fixed: for each tap `j` in turn, the channels in runs of [`CHAIN`] (the last run of
+//! a tap may be shorter), each run one chain `acc = fma(x[t + j·d][c], w[j, c][o], acc)` from
+//! `acc = 0`; output `(t, o)` is the first run's chain, then `+` each next run's, in order. One
+//! order that depends on neither the row count, the thread count nor the kernel, so
+//! [`Kernel::Scalar`] (`f32::mul_add`) gives the same bits as the vector kernels (tested). The
+//! runs keep the rounding error of a long reduction near a blocked sum's (one chain over all
+//! `taps · c_in` values drifts several times further, which the decoder's stages compound).
+//!
+//! Work is shared out in blocks of up to 32 rows by 32 columns ([`blocks`]), as the bf16 kernels'.
+
+use super::Features;
+
+/// Columns per panel: one AVX-512 vector, two AVX2 ones.
+pub const PANEL: usize = 16;
+/// Output columns per block: two panels.
+pub const BLOCK: usize = 32;
+/// Output rows per block (16 for products of at most 16 rows).
+pub(crate) const BLOCK_ROWS: usize = 32;
+/// Bytes of a cache line: each panel row is one, when the packed matrix starts on one.
+pub const LINE: usize = 64;
+/// Channels per fused chain (see the module docs).
+pub const CHAIN: usize = 128;
+
+/// Whether a product of `n` output columns can be packed: whole blocks.
+pub fn fits(n: usize) -> bool {
+    n > 0 && n.is_multiple_of(BLOCK)
+}
+
+/// A packed-f32 product kernel. All give the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Portable Rust (`f32::mul_add`): the twin the others are tested against.
+    Scalar,
+    /// AVX2 with FMA: 6 rows by one panel (12 accumulators).
+    Avx2,
+    /// AVX-512 F: 12 rows by two panels (24 accumulators).
+    Avx512,
+}
+
+impl Kernel {
+    /// The fastest kernel among `caps` (a tier's features); `None` where only the scalar twin
+    /// would run (the decoder then keeps `matrixmultiply`'s products, faster than it).
+    pub fn for_caps(caps: Features) -> Option<Kernel> {
+        if caps.avx512 {
+            Some(Kernel::Avx512)
+        } else if caps.avx2 && caps.fma {
+            Some(Kernel::Avx2)
+        } else {
+            None
+        }
+    }
+
+    /// The kernel of the process's tier ([`crate::kernels::caps`]), if any.
+    pub fn active() -> Option<Kernel> {
+        Self::for_caps(super::caps())
+    }
+
+    /// Whether this CPU runs the kernel.
+    pub fn available(self) -> bool {
+        let f = Features::get();
+        match self {
+            Kernel::Scalar => true,
+            Kernel::Avx2 => f.avx2 && f.fma,
+            Kernel::Avx512 => f.avx512,
+        }
+    }
+}
+
+/// Shape of one [`conv`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct Conv {
+    /// Input channels (values per input row).
+    pub c_in: usize,
+    /// Kernel taps.
+    pub taps: usize,
+    /// Rows between taps.
+    pub dilation: usize,
+    /// Output rows.
+    pub t_out: usize,
+    /// Output columns.
+    pub n: usize,
+}
+
+/// Output rows per block for a product of `t_out` rows.
+pub(crate) fn block_rows(t_out: usize) -> usize {
+    if t_out <= BLOCK_ROWS / 2 {
+        BLOCK_ROWS / 2
+    } else {
+        BLOCK_ROWS
+    }
+}
+
+/// Output blocks of a product of `t_out` rows and `n` columns: the unit [`conv`] shares out,
+/// column-block-major.
+pub fn blocks(t_out: usize, n: usize) -> usize {
+    t_out.div_ceil(block_rows(t_out)) * (n / BLOCK)
+}
+
+/// The kernel matrix `w` (`k` rows of reduction by `n` columns, element `(r, o)` at `r + k · o`,
+/// as [`crate::ffi::Context::conv_gemm`] takes it unpacked) in panels: element `(r, o)` at
+/// `(o / 16) · 16k + 16r + o % 16`. `None` unless `w` has `k · n` values and [`fits`]`(n)`.
+pub fn pack(w: &[f32], k: usize, n: usize) -> Option<Vec<f32>> {
+    if w.len() != k * n || k == 0 || !fits(n) {
+        return None;
+    }
+    let mut out = vec![0f32; k * n];
+    for (i, v) in out.iter_mut().enumerate() {
+        let (o, rest) = (i % PANEL, i / PANEL);
+        let (r, p) = (rest % k, rest / k);
+        *v = w[r + k * (p * PANEL + o)];
+    }
+    Some(out)
+}
+
+/// Output blocks `b0..b1` (of [`blocks`]) of the causal conv of the f32 input rows `x`
+/// (`t_out + (taps − 1) · dilation` rows of `c_in`) by the packed kernel `w`, into the f32 rows
+/// `y` (`t_out` of `n`), by `kernel`. After each block is stored, `then(rows, columns)` is called
+/// on it, while it is still in cache (the caller's bias and residual adds).
+///
+/// # Safety
+/// `kernel.available()`; [`fits`]`(n)`; `w` holds `taps · c_in · n` packed values ([`pack`]),
+/// `x` the input rows and `y` room for the output rows, none of them written by anyone else during
+/// the call except `y`'s other blocks.
+pub unsafe fn conv(
+    kernel: Kernel,
+    w: *const f32,
+    x: *const f32,
+    y: *mut f32,
+    s: Conv,
+    (b0, b1): (usize, usize),
+    mut then: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>),
+) {
+    let mrows = block_rows(s.t_out);
+    let row_blocks = s.t_out.div_ceil(mrows);
+    for b in b0..b1 {
+        let (nb, mb) = (b / row_blocks, b % row_blocks);
+        let t0 = mb * mrows;
+        let t1 = (t0 + mrows).min(s.t_out);
+        // SAFETY: the caller's contract; rows t0..t1 < t_out, columns of block nb < n.
+        unsafe {
+            match kernel {
+                Kernel::Scalar => block_scalar(w, x, y, s, nb, t0..t1),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx512 => super::x86::avx512::panel_block(w, x, y, s, nb, t0..t1),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx2 => super::x86::avx2::panel_block(w, x, y, s, nb, t0..t1),
+                #[cfg(not(target_arch = "x86_64"))]
+                _ => unreachable!("no x86 kernel is available off x86-64 (`Kernel::available`)"),
+            }
+        }
+        then(t0..t1, nb * BLOCK..(nb + 1) * BLOCK);
+    }
+}
+
+/// Rows `rows` of column block `nb`, one value at a time: the twin.
+///
+/// # Safety
+/// As [`conv`].
+unsafe fn block_scalar(
+    w: *const f32,
+    x: *const f32,
+    y: *mut f32,
+    s: Conv,
+    nb: usize,
+    rows: std::ops::Range<usize>,
+) {
+    let k = s.taps * s.c_in;
+    for t in rows {
+        for o in nb * BLOCK..(nb + 1) * BLOCK {
+            let panel = w.wrapping_add((o / PANEL) * PANEL * k + o % PANEL);
+            let mut total = None;
+            for j in 0..s.taps {
+                for c0 in (0..s.c_in).step_by(CHAIN) {
+                    let mut acc = 0f32;
+                    for c in c0..(c0 + CHAIN).min(s.c_in) {
+                        let r = j * s.c_in + c;
+                        // SAFETY: input row t + j · dilation < t_out + span, weight (r, o)
+                        // inside `w`.
+                        unsafe {
+                            let xv = *x.add((t + j * s.dilation) * s.c_in + c);
+                            acc = xv.mul_add(*panel.add(r * PANEL), acc);
+                        }
+                    }
+                    total = Some(total.map_or(acc, |t: f32| t + acc));
+                }
+            }
+            // SAFETY: output (t, o) inside `y`.
+            unsafe { *y.add(t * s.n + o) = total.unwrap_or(0.0) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_places_each_value_in_its_panel() {
+        let (k, n) = (5, 64);
+        let w: Vec<f32> = (0..k * n).map(|i| i as f32).collect();
+        let p = pack(&w, k, n).unwrap();
+        // Element (r 3, o 37): panel 2, row 3, lane 5.
+        assert_eq!(p[2 * 16 * k + 3 * 16 + 5], w[3 + k * 37]);
+        let mut sorted = p.clone();
+        sorted.sort_by(f32::total_cmp);
+        sorted.dedup();
+        assert_eq!(sorted.len(), k * n, "each value placed once");
+        assert!(pack(&w[..k * 48], k, 48).is_none());
+    }
+}
