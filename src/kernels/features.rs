@@ -12,6 +12,9 @@ pub struct Features {
     pub fma: bool,
     /// x86-64 F16C (f16 ↔ f32 conversions).
     pub f16c: bool,
+    /// x86-64 AVX-VNNI: the VEX-encoded 256-bit `vpdpbusd` and `vpdpwssd` (Intel Alder Lake and
+    /// later, N100 included; AMD Zen 5).
+    pub avx_vnni: bool,
     /// x86-64 AVX-512 F, BW and VL (the three the AVX-512 kernels need together).
     pub avx512: bool,
     /// x86-64 AVX-512 VNNI (`vpdpbusd`, `vpdpwssd`).
@@ -45,6 +48,7 @@ impl Features {
             (self.avx2, "avx2"),
             (self.fma, "fma"),
             (self.f16c, "f16c"),
+            (self.avx_vnni, "avxvnni"),
             (self.avx512, "avx512f+bw+vl"),
             (self.avx512_vnni, "avx512vnni"),
             (self.avx512_bf16, "avx512bf16"),
@@ -67,6 +71,7 @@ fn probe() -> Features {
         avx2: has!("avx2"),
         fma: has!("fma"),
         f16c: has!("f16c"),
+        avx_vnni: has!("avxvnni"),
         avx512,
         avx512_vnni: avx512 && has!("avx512vnni"),
         avx512_bf16: avx512 && has!("avx512bf16"),

@@ -63,6 +63,9 @@ pub enum Tier {
     Scalar,
     /// x86-64 AVX2 with FMA and F16C (most laptops and desktops since 2013).
     Avx2,
+    /// AVX2 and AVX-VNNI (Intel Alder Lake and later, N100 included; AMD Zen 5): the quantized
+    /// products by 256-bit `vpdpbusd`.
+    AvxVnni,
     /// x86-64 AVX-512 F, BW and VL, with VNNI and BF16 where the CPU has them (Intel Ice Lake
     /// and later servers, AMD Zen 4 and 5).
     Avx512,
@@ -74,9 +77,10 @@ pub enum Tier {
 
 impl Tier {
     /// Every tier, lowest first per architecture.
-    pub const ALL: [Tier; 5] = [
+    pub const ALL: [Tier; 6] = [
         Tier::Scalar,
         Tier::Avx2,
+        Tier::AvxVnni,
         Tier::Avx512,
         Tier::Amx,
         Tier::Neon,
@@ -87,6 +91,7 @@ impl Tier {
         match self {
             Tier::Scalar => "scalar",
             Tier::Avx2 => "avx2",
+            Tier::AvxVnni => "avxvnni",
             Tier::Avx512 => "avx512",
             Tier::Amx => "amx",
             Tier::Neon => "neon",
@@ -110,6 +115,7 @@ impl Tier {
         match self {
             Tier::Scalar => None,
             Tier::Avx2 if !avx2 => Some("AVX2, FMA and F16C"),
+            Tier::AvxVnni if !(avx2 && f.avx_vnni) => Some("AVX2, FMA, F16C and AVX-VNNI"),
             Tier::Avx512 | Tier::Amx if !(avx2 && f.avx512) => Some("AVX-512 F, BW and VL"),
             Tier::Amx if !f.amx_bf16 => Some("AMX-BF16 (or the OS's permission to use it)"),
             Tier::Neon if !f.neon => Some("aarch64 Advanced SIMD"),
@@ -124,10 +130,16 @@ impl Tier {
 
     /// The highest tier this CPU runs.
     pub fn best() -> Tier {
-        [Tier::Amx, Tier::Avx512, Tier::Avx2, Tier::Neon]
-            .into_iter()
-            .find(|t| t.available())
-            .unwrap_or(Tier::Scalar)
+        [
+            Tier::Amx,
+            Tier::Avx512,
+            Tier::AvxVnni,
+            Tier::Avx2,
+            Tier::Neon,
+        ]
+        .into_iter()
+        .find(|t| t.available())
+        .unwrap_or(Tier::Scalar)
     }
 
     /// Every tier this CPU runs, lowest first.
@@ -158,6 +170,9 @@ impl Tier {
         if self >= Tier::Avx2 && self <= Tier::Amx {
             (c.avx2, c.fma, c.f16c) = (f.avx2, f.fma, f.f16c);
         }
+        if self >= Tier::AvxVnni && self <= Tier::Amx {
+            c.avx_vnni = f.avx_vnni;
+        }
         if self >= Tier::Avx512 && self <= Tier::Amx {
             (c.avx512, c.avx512_vnni, c.avx512_bf16) = (f.avx512, f.avx512_vnni, f.avx512_bf16);
             c.bf16_dot_fast = f.bf16_dot_fast;
@@ -183,7 +198,9 @@ impl std::fmt::Display for Tier {
 #[non_exhaustive]
 pub enum KernelsError {
     /// `QTTS_KERNELS` or `--kernels` names no tier. Use one of the names listed.
-    #[error("unknown kernel tier {found:?}: expected one of scalar, avx2, avx512, amx, neon")]
+    #[error(
+        "unknown kernel tier {found:?}: expected one of scalar, avx2, avxvnni, avx512, amx, neon"
+    )]
     Unknown {
         /// What was given.
         found: String,

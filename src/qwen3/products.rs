@@ -38,7 +38,7 @@ impl LayerKernel {
         if self == LayerKernel::Packed && Self::fastest_for(tier) != LayerKernel::Packed {
             return Err(ModelError::Unsupported {
                 what: "packed q4_K, q5_K and q8_0 products".into(),
-                expected: "a kernel tier with SIMD (avx2, avx512, amx or neon)".into(),
+                expected: "a kernel tier with SIMD (avx2, avxvnni, avx512, amx or neon)".into(),
                 found: format!("kernel tier {tier}"),
             });
         }

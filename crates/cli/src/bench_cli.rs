@@ -77,7 +77,7 @@ pub struct BenchArgs {
     /// Thread plans, comma-separated; each is measured with each type and decoder.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "default")]
     pub plan: Vec<PlanArg>,
-    /// Kernel tiers, comma-separated (scalar, avx2, avx512, amx, neon; default: the process's,
+    /// Kernel tiers, comma-separated (scalar, avx2, avxvnni, avx512, amx, neon; default: the process's,
     /// `--kernels` or `$QTTS_KERNELS` or the CPU's best): each configuration runs under each, in
     /// a child process of its own. Tiers this CPU lacks are refused.
     #[arg(long = "tiers", value_delimiter = ',', value_parser = crate::parse_tier)]

@@ -21,7 +21,7 @@ mod voice_cli;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Cli {
-    /// The kernel tier to run (scalar, avx2, avx512, amx, neon): a lower one than the CPU's best,
+    /// The kernel tier to run (scalar, avx2, avxvnni, avx512, amx, neon): a lower one than the CPU's best,
     /// to test it or to measure what a CPU without the higher ones gets. Default:
     /// `$QTTS_KERNELS`, else the best this CPU runs.
     #[arg(long, global = true, value_parser = parse_tier)]

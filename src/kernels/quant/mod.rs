@@ -116,12 +116,19 @@ pub fn unpack(ty: QType, bytes: &mut [u8], n: usize) {
 pub fn packed_kernel(ty: QType, caps: Features) -> Option<MatKernel> {
     #[cfg(target_arch = "x86_64")]
     {
-        use super::x86::{avx2, avx512_vnni};
+        use super::x86::{avx2, avx512_vnni, avx_vnni};
         if caps.avx512_vnni && caps.f16c {
             return Some(match ty {
                 QType::Q8_0 => avx512_vnni::q8_0_packed,
                 QType::Q4K => avx512_vnni::q4_k_packed,
                 QType::Q5K => avx512_vnni::q5_k_packed,
+            });
+        }
+        if caps.avx_vnni && caps.avx2 && caps.fma && caps.f16c {
+            return Some(match ty {
+                QType::Q8_0 => avx_vnni::q8_0_packed,
+                QType::Q4K => avx_vnni::q4_k_packed,
+                QType::Q5K => avx_vnni::q5_k_packed,
             });
         }
         if caps.avx2 && caps.fma && caps.f16c {

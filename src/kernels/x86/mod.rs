@@ -6,3 +6,4 @@ pub mod avx2;
 pub mod avx512;
 pub mod avx512_bf16;
 pub mod avx512_vnni;
+pub mod avx_vnni;
