@@ -21,7 +21,7 @@
 
 use super::Features;
 
-/// Columns per panel: one AVX-512 vector, two AVX2 ones.
+/// Columns per panel: one AVX-512 vector, two AVX2 ones, four NEON ones.
 pub const PANEL: usize = 16;
 /// Output columns per block: two panels.
 pub const BLOCK: usize = 32;
@@ -44,8 +44,10 @@ pub enum Kernel {
     Scalar,
     /// AVX2 with FMA: 6 rows by one panel (12 accumulators).
     Avx2,
-    /// AVX-512 F: 12 rows by two panels (24 accumulators).
+    /// AVX-512 F: 8 rows by two panels (16 accumulators).
     Avx512,
+    /// aarch64 NEON: 6 rows by one panel (24 accumulators of 4 lanes).
+    Neon,
 }
 
 impl Kernel {
@@ -56,6 +58,8 @@ impl Kernel {
             Some(Kernel::Avx512)
         } else if caps.avx2 && caps.fma {
             Some(Kernel::Avx2)
+        } else if caps.neon {
+            Some(Kernel::Neon)
         } else {
             None
         }
@@ -73,6 +77,7 @@ impl Kernel {
             Kernel::Scalar => true,
             Kernel::Avx2 => f.avx2 && f.fma,
             Kernel::Avx512 => f.avx512,
+            Kernel::Neon => f.neon,
         }
     }
 }
@@ -155,8 +160,10 @@ pub unsafe fn conv(
                 Kernel::Avx512 => super::x86::avx512::panel_block(w, x, y, s, nb, t0..t1),
                 #[cfg(target_arch = "x86_64")]
                 Kernel::Avx2 => super::x86::avx2::panel_block(w, x, y, s, nb, t0..t1),
-                #[cfg(not(target_arch = "x86_64"))]
-                _ => unreachable!("no x86 kernel is available off x86-64 (`Kernel::available`)"),
+                #[cfg(target_arch = "aarch64")]
+                Kernel::Neon => super::aarch64::neon::panel_block(w, x, y, s, nb, t0..t1),
+                #[allow(unreachable_patterns)]
+                _ => unreachable!("{kernel:?} is not available here (`Kernel::available`)"),
             }
         }
         then(t0..t1, nb * BLOCK..(nb + 1) * BLOCK);
@@ -204,6 +211,66 @@ unsafe fn block_scalar(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every vector kernel this CPU has gives the scalar twin's bits (runs of chains, row groups'
+    /// remainders, dilation, the blocks split in two calls); the others are named as skipped.
+    /// (`tests/it/panel.rs` has more shapes and the graph op; this one also runs under qemu.)
+    #[test]
+    fn vector_kernels_give_the_twins_bits() {
+        let values = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0)
+                .map(|v| v * [1.0, 0.3, 2.7][(v.to_bits() as usize) % 3])
+                .collect()
+        };
+        for kernel in [Kernel::Avx2, Kernel::Avx512, Kernel::Neon] {
+            if !kernel.available() {
+                eprintln!("panel kernel {kernel:?}: skipped, this CPU lacks its instructions");
+                continue;
+            }
+            for (c_in, taps, dilation, n, t_out) in
+                [(300, 1, 1, 64, 9), (40, 7, 3, 32, 23), (130, 3, 1, 96, 1)]
+            {
+                let s = Conv {
+                    c_in,
+                    taps,
+                    dilation,
+                    t_out,
+                    n,
+                };
+                let k = taps * c_in;
+                let w = pack(&values(k * n, 1), k, n).unwrap();
+                let x = values((t_out + (taps - 1) * dilation) * c_in, 2);
+                let all = blocks(t_out, n);
+                let run = |kernel, shares: &[(usize, usize)]| {
+                    let mut y = vec![f32::NAN; t_out * n];
+                    for &share in shares {
+                        // SAFETY: the kernel is available; `w` holds k · n packed values, `x`
+                        // the input rows, `y` the output rows.
+                        unsafe {
+                            conv(
+                                kernel,
+                                w.as_ptr(),
+                                x.as_ptr(),
+                                y.as_mut_ptr(),
+                                s,
+                                share,
+                                |_, _| {},
+                            )
+                        };
+                    }
+                    y
+                };
+                let twin = run(Kernel::Scalar, &[(0, all)]);
+                let got = run(kernel, &[(0, all / 2), (all / 2, all)]);
+                let same = got
+                    .iter()
+                    .zip(&twin)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{kernel:?} {s:?}: not the twin's bits");
+            }
+        }
+    }
 
     #[test]
     fn pack_places_each_value_in_its_panel() {

@@ -24,7 +24,7 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 
 /// Every vector kernel this CPU has, the others reported as skipped by name.
 fn vector_kernels() -> Vec<Kernel> {
-    [Kernel::Avx2, Kernel::Avx512]
+    [Kernel::Avx2, Kernel::Avx512, Kernel::Neon]
         .into_iter()
         .filter(|k| {
             let ok = k.available();

@@ -1,6 +1,7 @@
 //! aarch64 Advanced SIMD kernels: the heads' dot products ([`crate::kernels::dot`]), SnakeBeta
-//! ([`crate::kernels::snake`]) and the quantized products on packed rows
-//! ([`crate::kernels::quant`]).
+//! ([`crate::kernels::snake`]), the quantized products on packed rows
+//! ([`crate::kernels::quant`]) and the decoder's f32 products on panels
+//! ([`crate::kernels::panel`]).
 //!
 //! The packed products keep one row per 32-bit lane, four vectors a group. With the dot-product
 //! instructions (`sdot`, FEAT_DotProd: Cortex-A76 and later, Apple M1 and later) a step adds four
@@ -435,4 +436,102 @@ pub mod dot {
 pub mod plain {
     use super::{q4_k_dots_plain, q8_0_dots_plain};
     crate::kernels::quant::packed_kernels!(q8_0_dots_plain, q4_k_dots_plain);
+}
+
+/// Rows `rows` of column block `nb` of [`crate::kernels::panel::conv`]: each of its two panels
+/// in turn, 6 rows at a time (24 accumulators of 4 lanes, the panel's four weight vectors and
+/// the broadcasts in the 32 registers). `fmla` by element is fused, as the twin's `mul_add`.
+///
+/// # Safety
+/// As [`crate::kernels::panel::conv`], with NEON.
+pub unsafe fn panel_block(
+    w: *const f32,
+    x: *const f32,
+    y: *mut f32,
+    s: crate::kernels::panel::Conv,
+    nb: usize,
+    rows: std::ops::Range<usize>,
+) {
+    for p in 2 * nb..2 * nb + 2 {
+        let mut t = rows.start;
+        while t < rows.end {
+            let left = rows.end - t;
+            // SAFETY: the caller's contract; rows t..t + R lie below `rows.end` <= t_out.
+            unsafe {
+                match left {
+                    6.. => panel_rows::<6>(w, x, y, s, p, t),
+                    4.. => panel_rows::<4>(w, x, y, s, p, t),
+                    2.. => panel_rows::<2>(w, x, y, s, p, t),
+                    _ => panel_rows::<1>(w, x, y, s, p, t),
+                }
+            }
+            t += match left {
+                6.. => 6,
+                4.. => 4,
+                2.. => 2,
+                _ => 1,
+            };
+        }
+    }
+}
+
+/// Output rows `t..t + R` of panel `p` (16 columns, four vectors of 4).
+///
+/// # Safety
+/// As [`panel_block`]; rows `t..t + R` are below `t_out`.
+#[target_feature(enable = "neon")]
+unsafe fn panel_rows<const R: usize>(
+    w: *const f32,
+    x: *const f32,
+    y: *mut f32,
+    s: crate::kernels::panel::Conv,
+    p: usize,
+    t: usize,
+) {
+    use crate::kernels::panel::{CHAIN, PANEL};
+    let k = s.taps * s.c_in;
+    let wp = w.wrapping_add(p * PANEL * k);
+    let o0 = p * PANEL;
+    let out: [*mut f32; R] = std::array::from_fn(|i| y.wrapping_add((t + i) * s.n + o0));
+    let mut first = true;
+    for j in 0..s.taps {
+        // Row t + i of this tap: input row t + i + j · dilation, one pointer each.
+        let rows: [*const f32; R] =
+            std::array::from_fn(|i| x.wrapping_add((t + i + j * s.dilation) * s.c_in));
+        let mut pw = wp.wrapping_add(j * s.c_in * PANEL);
+        for c0 in (0..s.c_in).step_by(CHAIN) {
+            // SAFETY: register operations only.
+            let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 4]; R];
+            for c in c0..(c0 + CHAIN).min(s.c_in) {
+                // SAFETY: weights (j · c_in + c, panel p) inside `w`; input rows t + i +
+                // j · dilation < t_out + span for i < R, channel c < c_in.
+                unsafe {
+                    let wv: [float32x4_t; 4] = std::array::from_fn(|q| vld1q_f32(pw.add(4 * q)));
+                    for (acc, row) in acc.iter_mut().zip(&rows) {
+                        let xv = *row.add(c);
+                        for (a, &wq) in acc.iter_mut().zip(&wv) {
+                            *a = vfmaq_n_f32(*a, wq, xv);
+                        }
+                    }
+                }
+                pw = pw.wrapping_add(PANEL);
+            }
+            // The chain into the output rows: stored first, then added.
+            for (acc, &row) in acc.iter().zip(&out) {
+                for (q, &a) in acc.iter().enumerate() {
+                    // SAFETY: output row t + i < t_out, columns o0 + 4q..o0 + 4q + 4 <= n.
+                    unsafe {
+                        let at = row.add(4 * q);
+                        let v = if first {
+                            a
+                        } else {
+                            vaddq_f32(vld1q_f32(at), a)
+                        };
+                        vst1q_f32(at, v);
+                    }
+                }
+            }
+            first = false;
+        }
+    }
 }
