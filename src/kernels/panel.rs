@@ -82,20 +82,8 @@ impl Kernel {
     }
 }
 
-/// Shape of one [`conv`] call.
-#[derive(Clone, Copy, Debug)]
-pub struct Conv {
-    /// Input channels (values per input row).
-    pub c_in: usize,
-    /// Kernel taps.
-    pub taps: usize,
-    /// Rows between taps.
-    pub dilation: usize,
-    /// Output rows.
-    pub t_out: usize,
-    /// Output columns.
-    pub n: usize,
-}
+/// Shape of one [`conv`] call: the bf16 kernels' ([`super::bf16::Conv`]).
+pub use super::bf16::Conv;
 
 /// Output rows per block for a product of `t_out` rows.
 pub(crate) fn block_rows(t_out: usize) -> usize {

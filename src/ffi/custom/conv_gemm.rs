@@ -134,17 +134,17 @@ unsafe extern "C" fn conv_gemm_trampoline(
             epilogue.residual = (*(*dst).src[next]).data as *const f32;
         }
         let y = (*dst).data as *mut f32;
+        let s = bf16::Conv {
+            c_in,
+            taps,
+            dilation,
+            t_out,
+            n: c_out,
+        };
         if word & CONV_GEMM_PANEL != 0 {
             // `conv_gemm_panel` built the node only with a kernel available.
             let Some(kernel) = panel::Kernel::active() else {
                 return;
-            };
-            let s = panel::Conv {
-                c_in,
-                taps,
-                dilation,
-                t_out,
-                n: c_out,
             };
             panel::conv(
                 kernel,
@@ -163,13 +163,6 @@ unsafe extern "C" fn conv_gemm_trampoline(
                 bf16::Kernel::Avx512
             } else {
                 bf16::Kernel::Amx
-            };
-            let s = bf16::Conv {
-                c_in,
-                taps,
-                dilation,
-                t_out,
-                n: c_out,
             };
             bf16::conv(
                 kernel,

@@ -138,7 +138,7 @@ const AHEAD: usize = 16 * 1024;
 /// # Safety
 /// The CPU has AVX (called from AVX2 kernels only).
 #[inline(always)]
-unsafe fn store16(acc: [__m256; 2]) -> [f32; GROUP] {
+pub(super) unsafe fn store16(acc: [__m256; 2]) -> [f32; GROUP] {
     let mut out = [0f32; GROUP];
     // SAFETY: 16 floats.
     unsafe {
@@ -230,7 +230,7 @@ macro_rules! byte_of {
 /// # Safety
 /// The CPU has AVX2 (called from AVX2 kernels only).
 #[inline(always)]
-unsafe fn mask16(mask: u32) -> __m256i {
+pub(super) unsafe fn mask16(mask: u32) -> __m256i {
     // SAFETY: register operations only (the caller has AVX2).
     unsafe {
         let m = _mm256_set1_epi32(mask as i32);
@@ -245,6 +245,82 @@ unsafe fn mask16(mask: u32) -> __m256i {
         let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
         let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
         _mm256_and_si256(set, _mm256_set1_epi8(16))
+    }
+}
+
+/// Half `h` (8 rows) of a packed q4_K or q5_K block's scales: each row's 6-bit sub-block scales
+/// and mins as bytes of 32-bit lanes (sub-blocks 0..4 in `*_lo`, 4..8 in `*_hi`), and its `d` and
+/// `dmin`.
+pub(super) struct KScales {
+    sc_lo: __m256i,
+    sc_hi: __m256i,
+    m_lo: __m256i,
+    m_hi: __m256i,
+    pub(super) d: __m256,
+    pub(super) dmin: __m256,
+}
+
+impl KScales {
+    /// Unpacks half `h` of the block at `blk`.
+    ///
+    /// # Safety
+    /// `blk` points at a packed block; the CPU has AVX2 and F16C (called from such kernels only).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn read(blk: *const u8, h: usize) -> KScales {
+        // SAFETY: the caller's contract: the block's scale words and f16 scales.
+        unsafe {
+            let (m6, m4) = (
+                _mm256_set1_epi32(0x3f3f_3f3f),
+                _mm256_set1_epi32(0x0f0f_0f0f),
+            );
+            let m2 = _mm256_set1_epi32(0x0303_0303);
+            let (a, bw, c) = (words!(blk, 0, h), words!(blk, 1, h), words!(blk, 2, h));
+            KScales {
+                sc_lo: _mm256_and_si256(a, m6),
+                m_lo: _mm256_and_si256(bw, m6),
+                sc_hi: _mm256_or_si256(
+                    _mm256_and_si256(c, m4),
+                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(a), m2)),
+                ),
+                m_hi: _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi32::<4>(c), m4),
+                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(bw), m2)),
+                ),
+                d: _mm256_cvtph_ps(_mm_loadu_si128(blk.add(192 + 16 * h).cast())),
+                dmin: _mm256_cvtph_ps(_mm_loadu_si128(blk.add(224 + 16 * h).cast())),
+            }
+        }
+    }
+
+    /// Sub-block `s`'s scale of each row, as a float.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 (called from such kernels only).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn scale(&self, s: usize) -> __m256 {
+        _mm256_cvtepi32_ps(if s < 4 {
+            byte_of!(self.sc_lo, s)
+        } else {
+            byte_of!(self.sc_hi, s)
+        })
+    }
+
+    /// The mins as 16-bit pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7) of each row.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 (called from such kernels only).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn min_pairs(&self) -> [__m256i; 4] {
+        let even = _mm256_set1_epi32(0x00ff_00ff);
+        [
+            _mm256_and_si256(self.m_lo, even),
+            _mm256_and_si256(_mm256_srli_epi32::<8>(self.m_lo), even),
+            _mm256_and_si256(self.m_hi, even),
+            _mm256_and_si256(_mm256_srli_epi32::<8>(self.m_hi), even),
+        ]
     }
 }
 
@@ -270,10 +346,6 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
     };
     let ones = _mm256_set1_epi16(1);
     let low = _mm256_set1_epi8(0x0f);
-    let m6 = _mm256_set1_epi32(0x3f3f_3f3f);
-    let m4 = _mm256_set1_epi32(0x0f0f_0f0f);
-    let m2 = _mm256_set1_epi32(0x0303_0303);
-    let even = _mm256_set1_epi32(0x00ff_00ff);
     let mut acc = [[_mm256_setzero_ps(); 2]; M];
     for b in 0..nb {
         let blk = grp.wrapping_add(b * block_bytes);
@@ -285,26 +357,7 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
             }
             let qs = blk.add(if Q5 { k_quants::NIBBLES5 } else { 256 });
             for h in 0..2 {
-                let (a, bw, c) = (words!(blk, 0, h), words!(blk, 1, h), words!(blk, 2, h));
-                let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(192 + 16 * h).cast()));
-                let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(224 + 16 * h).cast()));
-                let sc_lo = _mm256_and_si256(a, m6);
-                let m_lo = _mm256_and_si256(bw, m6);
-                let sc_hi = _mm256_or_si256(
-                    _mm256_and_si256(c, m4),
-                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(a), m2)),
-                );
-                let m_hi = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi32::<4>(c), m4),
-                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(bw), m2)),
-                );
-                let scale = |s: usize| {
-                    _mm256_cvtepi32_ps(if s < 4 {
-                        byte_of!(sc_lo, s)
-                    } else {
-                        byte_of!(sc_hi, s)
-                    })
-                };
+                let sc = KScales::read(blk, h);
                 let mut fsum = [_mm256_setzero_ps(); M];
                 for g in 0..4 {
                     let mut lo = [[_mm256_setzero_si256(); 2]; M];
@@ -333,7 +386,7 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
                                 _mm256_add_epi16(hi[j][half], _mm256_maddubs_epi16(qh, xh));
                         }
                     }
-                    let (s0, s1) = (scale(2 * g), scale(2 * g + 1));
+                    let (s0, s1) = (sc.scale(2 * g), sc.scale(2 * g + 1));
                     for j in 0..M {
                         let wide = |v: [__m256i; 2]| {
                             _mm256_add_epi32(
@@ -345,13 +398,7 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
                         fsum[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide(hi[j])), s1, fsum[j]);
                     }
                 }
-                // The mins as 16-bit pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7) of each row.
-                let mins = [
-                    _mm256_and_si256(m_lo, even),
-                    _mm256_and_si256(_mm256_srli_epi32::<8>(m_lo), even),
-                    _mm256_and_si256(m_hi, even),
-                    _mm256_and_si256(_mm256_srli_epi32::<8>(m_hi), even),
-                ];
+                let mins = sc.min_pairs();
                 for j in 0..M {
                     let pairs = ps[j].min_pairs.as_ptr().add(b * 4);
                     let mut msum = _mm256_setzero_si256();
@@ -360,10 +407,10 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
                         msum = _mm256_add_epi32(msum, prod);
                     }
                     let dx = _mm256_set1_ps(*ps[j].d.as_ptr().add(b));
-                    acc[j][h] = _mm256_fmadd_ps(fsum[j], _mm256_mul_ps(d, dx), acc[j][h]);
+                    acc[j][h] = _mm256_fmadd_ps(fsum[j], _mm256_mul_ps(sc.d, dx), acc[j][h]);
                     acc[j][h] = _mm256_fnmadd_ps(
                         _mm256_cvtepi32_ps(msum),
-                        _mm256_mul_ps(dmin, dx),
+                        _mm256_mul_ps(sc.dmin, dx),
                         acc[j][h],
                     );
                 }
