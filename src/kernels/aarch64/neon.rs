@@ -500,8 +500,7 @@ unsafe fn panel_rows<const R: usize>(
             std::array::from_fn(|i| x.wrapping_add((t + i + j * s.dilation) * s.c_in));
         let mut pw = wp.wrapping_add(j * s.c_in * PANEL);
         for c0 in (0..s.c_in).step_by(CHAIN) {
-            // SAFETY: register operations only.
-            let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 4]; R];
+            let mut acc = [[vdupq_n_f32(0.0); 4]; R];
             for c in c0..(c0 + CHAIN).min(s.c_in) {
                 // SAFETY: weights (j · c_in + c, panel p) inside `w`; input rows t + i +
                 // j · dilation < t_out + span for i < R, channel c < c_in.
