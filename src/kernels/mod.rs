@@ -327,3 +327,42 @@ pub fn read_all(bytes: &[u8]) -> u64 {
         })
         .fold(0u64, u64::wrapping_add)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every tier's name parses back to it, in any case; an unknown name is refused with the
+    /// list of every tier's name.
+    #[test]
+    fn tier_names_round_trip_and_unknown_ones_list_them_all() {
+        for t in Tier::ALL {
+            assert_eq!(Tier::parse(t.name()), Ok(t));
+            assert_eq!(Tier::parse(&t.name().to_uppercase()), Ok(t));
+        }
+        let e = Tier::parse("avx9").unwrap_err().to_string();
+        for t in Tier::ALL {
+            assert!(e.contains(t.name()), "{e} does not name {t}");
+        }
+    }
+
+    /// A tier allows only its own and lower features: avxvnni never hands out AVX-512 (so it
+    /// stands in for an AVX2 + AVX-VNNI CPU), avx2 never AVX-VNNI, and each tier's caps are the
+    /// CPU's where allowed.
+    #[test]
+    fn tiers_cap_the_features() {
+        let f = Features::get();
+        let vnni = Tier::AvxVnni.caps();
+        assert!(!vnni.avx512 && !vnni.avx512_vnni && !vnni.avx512_bf16 && !vnni.amx_bf16);
+        assert_eq!(vnni.avx_vnni, f.avx_vnni);
+        assert_eq!(vnni.avx2, f.avx2);
+        let avx2 = Tier::Avx2.caps();
+        assert!(!avx2.avx_vnni && !avx2.avx512);
+        assert_eq!(Tier::Avx512.caps().avx_vnni, f.avx_vnni);
+        assert_eq!(Tier::Scalar.caps(), Features::default());
+        assert_eq!(
+            Tier::AvxVnni.missing().is_none(),
+            f.avx2 && f.fma && f.f16c && f.avx_vnni
+        );
+    }
+}
