@@ -23,10 +23,9 @@ use super::Features;
 
 /// Columns per panel: one AVX-512 vector, two AVX2 ones, four NEON ones.
 pub const PANEL: usize = 16;
-/// Output columns per block: two panels.
-pub const BLOCK: usize = 32;
-/// Output rows per block (16 for products of at most 16 rows).
-pub(crate) const BLOCK_ROWS: usize = 32;
+/// Output columns per block: two panels, the bf16 kernels' block width (one block grid serves
+/// both families: [`blocks`]).
+pub const BLOCK: usize = super::bf16::BLOCK;
 /// Bytes of a cache line: each panel row is one, when the packed matrix starts on one.
 pub const LINE: usize = 64;
 /// Channels per fused chain (see the module docs).
@@ -85,19 +84,30 @@ impl Kernel {
 /// Shape of one [`conv`] call: the bf16 kernels' ([`super::bf16::Conv`]).
 pub use super::bf16::Conv;
 
-/// Output rows per block for a product of `t_out` rows.
-pub(crate) fn block_rows(t_out: usize) -> usize {
-    if t_out <= BLOCK_ROWS / 2 {
-        BLOCK_ROWS / 2
-    } else {
-        BLOCK_ROWS
-    }
-}
-
-/// Output blocks of a product of `t_out` rows and `n` columns: the unit [`conv`] shares out,
+use super::bf16::block_rows;
+/// Output blocks of a product of `t_out` rows and `n` columns, the unit [`conv`] shares out: the
+/// bf16 kernels' grid (up to 32 rows, 16 for products of at most 16 rows, by 32 columns),
 /// column-block-major.
-pub fn blocks(t_out: usize, n: usize) -> usize {
-    t_out.div_ceil(block_rows(t_out)) * (n / BLOCK)
+pub use super::bf16::blocks;
+
+/// Splits `rows` into groups as wide as the first of `widths` (widest first) that fits in the
+/// rows left, 1 when none does, and calls `f(first row, width)` for each in order: how the
+/// vector kernels walk a block's rows with their register-blocked widths.
+pub(crate) fn row_groups(
+    rows: std::ops::Range<usize>,
+    widths: &[usize],
+    mut f: impl FnMut(usize, usize),
+) {
+    let mut t = rows.start;
+    while t < rows.end {
+        let width = widths
+            .iter()
+            .copied()
+            .find(|&w| w <= rows.end - t)
+            .unwrap_or(1);
+        f(t, width);
+        t += width;
+    }
 }
 
 /// The kernel matrix `w` (`k` rows of reduction by `n` columns, element `(r, o)` at `r + k · o`,

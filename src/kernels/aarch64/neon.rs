@@ -453,25 +453,17 @@ pub unsafe fn panel_block(
     rows: std::ops::Range<usize>,
 ) {
     for p in 2 * nb..2 * nb + 2 {
-        let mut t = rows.start;
-        while t < rows.end {
-            let left = rows.end - t;
-            // SAFETY: the caller's contract; rows t..t + R lie below `rows.end` <= t_out.
+        crate::kernels::panel::row_groups(rows.clone(), &[6, 4, 2], |t, r| {
+            // SAFETY: the caller's contract; rows t..t + r lie below `rows.end` <= t_out.
             unsafe {
-                match left {
-                    6.. => panel_rows::<6>(w, x, y, s, p, t),
-                    4.. => panel_rows::<4>(w, x, y, s, p, t),
-                    2.. => panel_rows::<2>(w, x, y, s, p, t),
+                match r {
+                    6 => panel_rows::<6>(w, x, y, s, p, t),
+                    4 => panel_rows::<4>(w, x, y, s, p, t),
+                    2 => panel_rows::<2>(w, x, y, s, p, t),
                     _ => panel_rows::<1>(w, x, y, s, p, t),
                 }
             }
-            t += match left {
-                6.. => 6,
-                4.. => 4,
-                2.. => 2,
-                _ => 1,
-            };
-        }
+        });
     }
 }
 

@@ -220,25 +220,17 @@ pub unsafe fn panel_block(
     nb: usize,
     rows: std::ops::Range<usize>,
 ) {
-    let mut t = rows.start;
-    while t < rows.end {
-        let left = rows.end - t;
-        // SAFETY: the caller's contract; rows t..t + R lie below `rows.end` <= t_out.
+    crate::kernels::panel::row_groups(rows, &[PANEL_ROWS, 4, 2], |t, r| {
+        // SAFETY: the caller's contract; rows t..t + r lie below `rows.end` <= t_out.
         unsafe {
-            match left {
-                PANEL_ROWS.. => panel_rows::<PANEL_ROWS>(w, x, y, s, nb, t),
-                4.. => panel_rows::<4>(w, x, y, s, nb, t),
-                2.. => panel_rows::<2>(w, x, y, s, nb, t),
+            match r {
+                PANEL_ROWS => panel_rows::<PANEL_ROWS>(w, x, y, s, nb, t),
+                4 => panel_rows::<4>(w, x, y, s, nb, t),
+                2 => panel_rows::<2>(w, x, y, s, nb, t),
                 _ => panel_rows::<1>(w, x, y, s, nb, t),
             }
         }
-        t += match left {
-            PANEL_ROWS.. => PANEL_ROWS,
-            4.. => 4,
-            2.. => 2,
-            _ => 1,
-        };
-    }
+    });
 }
 
 /// Output rows `t..t + R` of column block `nb`: per reduction value, two 16-column weight
