@@ -97,10 +97,7 @@ impl<'a> Builder<'a> {
         let bias = self.wt(&format!("{name}.bias"))?;
         if self.w.get(&format!("{name}.weight.kshape")).is_none() {
             // Stored for the host product (see `Loader::conv`).
-            if self.panel(w) {
-                return c.conv_gemm_panel(w, xp, k, d, Some(bias), residual);
-            }
-            return c.conv_gemm_by(self.bf16, w, xp, k, d, Some(bias), residual);
+            return self.host_product(w, xp, (k, d), Some(bias), residual);
         }
         let y = if context {
             let shape = self.wt(&format!("{name}.weight.kshape"))?;
@@ -117,6 +114,23 @@ impl<'a> Builder<'a> {
             c.mul_mat(w, xp)?
         };
         self.ggml_then(y, Some(bias), residual)
+    }
+
+    /// The conv of `x` by a weight matrix stored for the host ([`Context::conv_gemm_then`]): by
+    /// [`Context::conv_gemm_panel`] when it is in panels ([`Builder::panel`]), else by
+    /// [`Context::conv_gemm_by`] with the decoder's bf16 kernel (which ignores an f32 matrix).
+    pub(super) fn host_product(
+        &self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        (k, d): (usize, usize),
+        bias: Option<Tensor<'a>>,
+        residual: Option<Tensor<'a>>,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        if self.panel(w) {
+            return self.c.conv_gemm_panel(w, x, k, d, bias, residual);
+        }
+        self.c.conv_gemm_by(self.bf16, w, x, k, d, bias, residual)
     }
 
     /// Whether the weight matrix `w` is stored in f32 panels ([`crate::kernels::panel`]; its
@@ -161,10 +175,11 @@ impl<'a> Builder<'a> {
         c.rows3(x, alpha, inv_beta, crate::kernels::snake::row)
     }
 
-    /// `mul_mat(w, x)`: by [`Context::conv_gemm`] for bf16 weights (packed at load), and for f32
-    /// weights in host mode when `x` has at least [`HOST_MIN_ROWS`] rows (fewer rows would spend
-    /// more on packing `w` than on the product), else by ggml. Then `+ bias` (broadcast: its
-    /// length divides the output's width), then `+ residual`, as [`Context::conv_gemm_then`].
+    /// `mul_mat(w, x)`: by [`Builder::host_product`] for weights packed at load (panels, bf16),
+    /// and for unpacked f32 weights in host mode when `x` has at least [`HOST_MIN_ROWS`] rows
+    /// (fewer rows would spend more on packing `w` per call than on the product), else by ggml.
+    /// Then `+ bias` (broadcast: its length divides the output's width), then `+ residual`, as
+    /// [`Context::conv_gemm_then`].
     pub(super) fn matmul_then(
         &self,
         w: Tensor<'a>,
@@ -172,13 +187,11 @@ impl<'a> Builder<'a> {
         bias: Option<Tensor<'a>>,
         residual: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
-        if self.panel(w) {
-            return self.c.conv_gemm_panel(w, x, 1, 1, bias, residual);
-        }
-        if w.is_type(GgmlType::BF16)
+        if self.panel(w)
+            || w.is_type(GgmlType::BF16)
             || (self.host && w.is_type(GgmlType::F32) && x.ne()[1] >= HOST_MIN_ROWS)
         {
-            return self.c.conv_gemm_by(self.bf16, w, x, 1, 1, bias, residual);
+            return self.host_product(w, x, (1, 1), bias, residual);
         }
         self.ggml_then(self.c.mul_mat(w, x)?, bias, residual)
     }
@@ -211,8 +224,8 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// `mul_mat(w, x)` for a weight matrix `w`: by [`Context::conv_gemm`] when `w` is bf16 (packed
-    /// at load, which ggml cannot read), else by ggml. Then `+ bias`, as
+    /// `mul_mat(w, x)` for a weight matrix `w`: by [`Builder::host_product`] when `w` was packed
+    /// at load (panels or bf16, which ggml cannot read), else by ggml. Then `+ bias`, as
     /// [`Builder::matmul_then`].
     pub(super) fn product_then(
         &self,
@@ -220,11 +233,8 @@ impl<'a> Builder<'a> {
         x: Tensor<'a>,
         bias: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
-        if self.panel(w) {
-            return self.c.conv_gemm_panel(w, x, 1, 1, bias, None);
-        }
-        if w.is_type(GgmlType::BF16) {
-            return self.c.conv_gemm_by(self.bf16, w, x, 1, 1, bias, None);
+        if self.panel(w) || w.is_type(GgmlType::BF16) {
+            return self.host_product(w, x, (1, 1), bias, None);
         }
         self.ggml_then(self.c.mul_mat(w, x)?, bias, None)
     }

@@ -74,8 +74,28 @@ impl Loader<'_> {
         Ok(())
     }
 
+    /// As [`Loader::put`] for a packed matrix `[k, n]`, its data starting at a multiple of
+    /// `align` bytes (the kernels load whole cache lines).
+    fn put_lines(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        ne: [usize; 2],
+        bytes: &[u8],
+        align: usize,
+    ) -> Result<(), ModelError> {
+        let t = self
+            .w
+            .new_tensor_aligned(ty, &ne, align)
+            .map_err(ModelError::from)?;
+        t.write_bytes(bytes).map_err(ModelError::from)?;
+        t.set_name(name);
+        Ok(())
+    }
+
     /// A host product's f32 matrix `v` (`[k, n]`): as bf16 tiles when [`Loader::bf16`] and the
-    /// tiles fit its `k / taps` input channels, else as f32.
+    /// tiles fit its `k / taps` input channels, as f32 panels when [`Loader::panel`] and its
+    /// columns fit them, else as f32.
     pub(super) fn put_host(
         &self,
         name: &str,
@@ -86,27 +106,16 @@ impl Loader<'_> {
     ) -> Result<(), ModelError> {
         if self.bf16 && bf16::fits(k / taps, n) {
             if let Some(p) = bf16::pack(v, k, n) {
-                let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
                 // Tile rows on cache lines (see `bf16::LINE`).
-                let t = self
-                    .w
-                    .new_tensor_aligned(GgmlType::BF16, &[k, n], bf16::LINE)
-                    .map_err(ModelError::from)?;
-                t.write_bytes(&bytes).map_err(ModelError::from)?;
-                t.set_name(name);
-                return Ok(());
+                let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
+                return self.put_lines(name, GgmlType::BF16, [k, n], &bytes, bf16::LINE);
             }
         }
         if self.panel && !self.bf16 {
             if let Some(p) = panel::pack(v, k, n) {
-                let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
                 // Panel rows on cache lines (see `panel::LINE`).
-                let t = self
-                    .w
-                    .new_tensor_aligned(GgmlType::F32, &[k, n], panel::LINE)
-                    .map_err(ModelError::from)?;
-                t.write_bytes(&bytes).map_err(ModelError::from)?;
-                t.set_name(name);
+                let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
+                self.put_lines(name, GgmlType::F32, [k, n], &bytes, panel::LINE)?;
                 return self.put(&format!("{name}.panel"), GgmlType::F32, &[1], &[0; 4]);
             }
         }
