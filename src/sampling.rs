@@ -39,6 +39,98 @@ impl SamplingParams {
     };
 }
 
+/// Codebook-0 sampling settings a caller may set one by one over the model's
+/// (`generation_config.json`): what the C ABI, the Python package and the server take. Each `None`
+/// keeps the model's value.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SamplingOverrides {
+    /// Divides the logits; 0 means greedy (the argmax). Finite, 0 or at least
+    /// [`SamplingOverrides::MIN_TEMPERATURE`].
+    pub temperature: Option<f32>,
+    /// Keep the k most likely (0: all).
+    pub top_k: Option<usize>,
+    /// Keep the smallest most-likely set of probability above `top_p`: in (0, 1].
+    pub top_p: Option<f32>,
+}
+
+/// A sampling setting out of its range.
+/// Give a value in the range the message states, or leave the setting out for the model's.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{setting}: expected {expected}, found {found}")]
+pub struct SamplingError {
+    /// The setting (`temperature`, `top_p`, `repetition_penalty`).
+    pub setting: &'static str,
+    /// Its range.
+    pub expected: &'static str,
+    /// The value given.
+    pub found: f32,
+}
+
+impl SamplingOverrides {
+    /// The smallest temperature above 0: dividing logits by less overflows them.
+    pub const MIN_TEMPERATURE: f32 = 1e-3;
+
+    /// Whether nothing is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Checks every setting's range.
+    pub fn check(&self) -> Result<(), SamplingError> {
+        if let Some(t) = self.temperature {
+            if !(t.is_finite() && (t == 0.0 || t >= Self::MIN_TEMPERATURE)) {
+                return Err(SamplingError {
+                    setting: "temperature",
+                    expected: "0 (greedy) or a finite value of at least 0.001",
+                    found: t,
+                });
+            }
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(SamplingError {
+                    setting: "top_p",
+                    expected: "a value in (0, 1]",
+                    found: p,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `base` (the model's) with these settings over it; temperature 0 is greedy.
+    pub fn apply(&self, base: SamplingParams) -> SamplingParams {
+        if self.temperature == Some(0.0) {
+            return SamplingParams::GREEDY;
+        }
+        let mut p = base;
+        if let Some(t) = self.temperature {
+            p.do_sample = true;
+            p.temperature = t;
+        }
+        if let Some(k) = self.top_k {
+            p.top_k = k;
+        }
+        if let Some(top) = self.top_p {
+            p.top_p = top;
+        }
+        p
+    }
+}
+
+/// Checks a repetition penalty: finite and above 0 (1: none).
+pub fn check_repetition_penalty(r: f32) -> Result<(), SamplingError> {
+    if r.is_finite() && r > 0.0 {
+        Ok(())
+    } else {
+        Err(SamplingError {
+            setting: "repetition_penalty",
+            expected: "a finite value above 0 (1: no penalty)",
+            found: r,
+        })
+    }
+}
+
 /// A seeded sampler with its scratch space.
 #[derive(Debug, Clone)]
 pub struct Sampler {

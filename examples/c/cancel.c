@@ -2,7 +2,7 @@
  * checks that the read ends promptly and the summary says so.
  *
  *   cc examples/c/cancel.c -Icrates/c/include -L$LIBDIR -lqtts_c -lpthread -o cancel
- *   ./cancel [MODEL [THREADS]]      (MODEL "" or absent: as speak_wav.c)
+ *   ./cancel [MODEL [CORES]]      (MODEL "" or absent: builtin, as speak_wav.c)
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -30,8 +30,8 @@ static void *cancel_later(void *arg) {
 int main(int argc, char **argv) {
     QttsOptions opts;
     qtts_options_init(&opts);
-    opts.model = argc > 1 && argv[1][0] ? argv[1] : NULL;
-    opts.threads = argc > 2 ? (uint32_t)atoi(argv[2]) : 0;
+    opts.model = argc > 1 && argv[1][0] ? argv[1] : "builtin";
+    opts.cores = argc > 2 ? (uint32_t)atoi(argv[2]) : 0;
     QttsEngine *engine = NULL;
     if (qtts_engine_load(&opts, &engine) != QTTS_OK) {
         fprintf(stderr, "loading the model: %s\n", qtts_last_error());
@@ -63,9 +63,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "read failed: %s\n", qtts_last_error());
     } else if (qtts_synthesis_summary(s, &sum) != QTTS_OK) {
         fprintf(stderr, "summary: %s\n", qtts_last_error());
-    } else if (!sum.cancelled || sum.frames >= 500) {
-        fprintf(stderr, "expected a cancelled synthesis, got %llu frames, cancelled=%d\n",
-                (unsigned long long)sum.frames, sum.cancelled);
+    } else if (!sum.cancelled || sum.stop != QTTS_STOP_CANCELLED || sum.frames >= 500) {
+        fprintf(stderr, "expected a cancelled synthesis, got %llu frames, cancelled=%d, stop=%d\n",
+                (unsigned long long)sum.frames, sum.cancelled, sum.stop);
     } else {
         printf("cancelled after %llu frames (%lld samples read); the read ended %.1f ms after "
                "the cancel\n",

@@ -1,10 +1,10 @@
 /* Speaks a sentence into a 16-bit WAV file through the C ABI, reading the audio as it is made.
  *
  *   cc examples/c/speak_wav.c -Icrates/c/include -L$LIBDIR -lqtts_c -o speak_wav
- *   ./speak_wav out.wav "Hello from C." [MODEL [THREADS]]
+ *   ./speak_wav out.wav "Hello from C." [MODEL [CORES [VOICE]]]
  *
- * Without MODEL (or with ""): the best model under ./models, else the built-in test model
- * (noise). THREADS: cores to use (default: all). */
+ * MODEL: a model folder or file, or `builtin` (the default: the built-in test model, noise).
+ * CORES: cores to use (default: all). VOICE: a speaker or a saved voice (default: the model's). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +39,7 @@ static void wav_header(FILE *f, uint32_t rate, uint32_t samples) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s OUT.wav TEXT [MODEL [THREADS]]\n", argv[0]);
+        fprintf(stderr, "usage: %s OUT.wav TEXT [MODEL [CORES [VOICE]]]\n", argv[0]);
         return 2;
     }
     if (qtts_abi_version() != QTTS_ABI_VERSION) {
@@ -49,8 +49,8 @@ int main(int argc, char **argv) {
     }
     QttsOptions opts;
     qtts_options_init(&opts);
-    opts.model = argc > 3 && argv[3][0] ? argv[3] : NULL;
-    opts.threads = argc > 4 ? (uint32_t)atoi(argv[4]) : 0;
+    opts.model = argc > 3 && argv[3][0] ? argv[3] : "builtin";
+    opts.cores = argc > 4 ? (uint32_t)atoi(argv[4]) : 0;
     QttsEngine *engine = NULL;
     if (qtts_engine_load(&opts, &engine) != QTTS_OK) {
         fprintf(stderr, "loading the model: %s\n", qtts_last_error());
@@ -62,6 +62,7 @@ int main(int argc, char **argv) {
     QttsRequest req;
     qtts_request_init(&req);
     req.text = argv[2];
+    req.voice = argc > 5 && argv[5][0] ? argv[5] : NULL;
     QttsSynthesis *s = NULL;
     if (qtts_synthesize(engine, &req, &s) != QTTS_OK) {
         fprintf(stderr, "synthesize: %s\n", qtts_last_error());
@@ -98,9 +99,11 @@ int main(int argc, char **argv) {
     wav_header(out, qtts_sample_rate(), total);
     fclose(out);
     if (ok) {
-        printf("%s: %u samples (%.2f s), %llu frames, first audio after %.1f ms, RTF %.2f\n", argv[1],
-               total, total / (double)qtts_sample_rate(), (unsigned long long)sum.frames, sum.ttfa_ms,
-               sum.rtf);
+        static const char *const stops[] = {"end of speech", "frame cap", "cancelled"};
+        printf("%s: %u samples (%.2f s), %llu frames, first audio after %.1f ms, RTF %.2f, "
+               "ended by %s\n",
+               argv[1], total, total / (double)qtts_sample_rate(), (unsigned long long)sum.frames,
+               sum.ttfa_ms, sum.rtf, sum.stop >= 0 && sum.stop <= 2 ? stops[sum.stop] : "?");
     }
     qtts_synthesis_free(s);
     qtts_engine_free(engine);

@@ -76,6 +76,10 @@ pub enum AudioError {
     /// Check the path, permissions and free space.
     #[error("audio file: {0}")]
     File(#[from] hound::Error),
+    /// Writing a stream (standard output, a pipe) failed: the reader went away, or the disk.
+    /// Keep the reader (`| aplay`) open until the audio ends, or write a file.
+    #[error("audio output: {0}")]
+    Output(#[source] std::io::Error),
     /// The consumer of a channel sink went away.
     /// Keep the stream's receiver until the request ends.
     #[error("the audio receiver was dropped")]
@@ -395,6 +399,109 @@ impl AudioSink for WavSink {
                 }
             }
         }
+        self.samples += pcm.len() as u64;
+        Ok(())
+    }
+}
+
+/// What a [`StreamSink`] writes before its samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamHeader {
+    /// A WAV header whose lengths say "unknown" (0xFFFFFFFF, as sox and ffmpeg write to a pipe):
+    /// players read to the end of the stream.
+    Wav,
+    /// None: raw little-endian samples, 24 kHz mono (`aplay -f FLOAT_LE -r 24000`,
+    /// `ffplay -f f32le -ar 24000 -ac 1`).
+    Raw,
+}
+
+/// Audio written as it is made to a stream that cannot seek (standard output, a pipe): every
+/// chunk is written and flushed at once, so that a player reading the pipe plays it live.
+pub struct StreamSink {
+    out: std::io::BufWriter<Box<dyn std::io::Write + Send>>,
+    format: SampleFormat,
+    header: Option<StreamHeader>,
+    samples: u64,
+}
+
+impl std::fmt::Debug for StreamSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamSink")
+            .field("format", &self.format)
+            .field("header", &self.header)
+            .field("samples", &self.samples)
+            .finish()
+    }
+}
+
+impl StreamSink {
+    /// A sink writing `format` samples to `out` after `header` (written with the first samples,
+    /// or by [`StreamSink::finish`] when there are none).
+    pub fn new(
+        out: Box<dyn std::io::Write + Send>,
+        format: SampleFormat,
+        header: StreamHeader,
+    ) -> Self {
+        StreamSink {
+            out: std::io::BufWriter::new(out),
+            format,
+            header: Some(header),
+            samples: 0,
+        }
+    }
+
+    /// Samples written.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Writes the header if no sample came, and flushes.
+    pub fn finish(mut self) -> Result<(), AudioError> {
+        self.write_header()?;
+        std::io::Write::flush(&mut self.out).map_err(AudioError::Output)
+    }
+
+    fn write_header(&mut self) -> Result<(), AudioError> {
+        use std::io::Write;
+        if self.header.take() != Some(StreamHeader::Wav) {
+            return Ok(());
+        }
+        let (tag, bits): (u16, u16) = match self.format {
+            SampleFormat::F32 => (3, 32), // WAVE_FORMAT_IEEE_FLOAT
+            SampleFormat::S16 => (1, 16), // WAVE_FORMAT_PCM
+        };
+        let block = bits / 8;
+        let mut h = Vec::with_capacity(44);
+        h.extend_from_slice(b"RIFF");
+        h.extend_from_slice(&u32::MAX.to_le_bytes());
+        h.extend_from_slice(b"WAVEfmt ");
+        h.extend_from_slice(&16u32.to_le_bytes());
+        h.extend_from_slice(&tag.to_le_bytes());
+        h.extend_from_slice(&1u16.to_le_bytes());
+        h.extend_from_slice(&SAMPLE_RATE.to_le_bytes());
+        h.extend_from_slice(&(SAMPLE_RATE * u32::from(block)).to_le_bytes());
+        h.extend_from_slice(&block.to_le_bytes());
+        h.extend_from_slice(&bits.to_le_bytes());
+        h.extend_from_slice(b"data");
+        h.extend_from_slice(&u32::MAX.to_le_bytes());
+        self.out.write_all(&h).map_err(AudioError::Output)
+    }
+}
+
+impl AudioSink for StreamSink {
+    fn write(&mut self, pcm: &[f32], _cancel: &AtomicBool) -> Result<(), AudioError> {
+        use std::io::Write;
+        self.write_header()?;
+        for &x in pcm {
+            let r = match self.format {
+                SampleFormat::F32 => self.out.write_all(&x.to_le_bytes()),
+                SampleFormat::S16 => self
+                    .out
+                    .write_all(&((x.clamp(-1.0, 1.0) * 32767.0).round() as i16).to_le_bytes()),
+            };
+            r.map_err(AudioError::Output)?;
+        }
+        self.out.flush().map_err(AudioError::Output)?;
         self.samples += pcm.len() as u64;
         Ok(())
     }

@@ -36,6 +36,9 @@ pub enum EngineError {
     /// Give text with at least one letter, digit or symbol.
     #[error("the text is empty after clean-up; nothing to speak")]
     EmptyText,
+    /// A sampling setting is out of range.
+    #[error(transparent)]
+    Sampling(#[from] crate::sampling::SamplingError),
     /// A [`Worker`](super::Worker)'s queue is full.
     /// Try again once a request ends (a server answers 503 with `Retry-After`), or load the worker
     /// with a longer queue.

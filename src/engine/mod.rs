@@ -187,7 +187,8 @@ impl Engine {
         &self.generation
     }
 
-    /// Starts a request writing to `sink`.
+    /// Starts a request writing to `sink`. A request without a speaker, x-vector or reference
+    /// gets the model's default speaker ([`EngineInfo::default_speaker`]), as on every surface.
     pub fn synthesize(&mut self, req: Request, sink: Box<dyn AudioSink>) -> Synthesis<'_> {
         self.synthesize_with(req, sink, Arc::new(AtomicBool::new(false)))
     }
@@ -200,6 +201,8 @@ impl Engine {
         sink: Box<dyn AudioSink>,
         cancel: Arc<AtomicBool>,
     ) -> Synthesis<'_> {
+        let mut req = req;
+        self.info.default_voice(&mut req.voice);
         let progress = Arc::new(AtomicUsize::new(0));
         let (done_tx, done_rx) = bounded(protocol::DONE);
         let job = Box::new(StageJob {

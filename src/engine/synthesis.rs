@@ -11,8 +11,10 @@ use super::error::EngineError;
 use super::Engine;
 use crate::audio::AudioSink;
 use crate::metrics::Metrics;
-use crate::sampling::SamplingParams;
-use crate::talker::{GenOptions, Prompt, StopReason, Talker, TextInput, TextMode, Voice};
+use crate::sampling::{SamplingOverrides, SamplingParams};
+use crate::talker::{
+    GenOptions, Prompt, StopReason, Talker, TalkerError, TextInput, TextMode, Voice,
+};
 use crate::text::split::{normalize, split, Cut};
 
 /// One synthesis request.
@@ -26,6 +28,8 @@ pub struct Request {
     pub mode: TextMode,
     /// Codebook-0 sampling; `None`: the checkpoint's `generation_config.json`.
     pub sampling: Option<SamplingParams>,
+    /// Codebook-0 settings over [`Request::sampling`] (or the checkpoint's), one by one.
+    pub overrides: SamplingOverrides,
     /// Codebooks 1..15 sampling; `None`: the checkpoint's `subtalker_*` settings.
     pub code_predictor_sampling: Option<SamplingParams>,
     /// Repetition penalty over codebook 0; `None`: the checkpoint's.
@@ -52,6 +56,7 @@ impl Request {
             voice: Voice::default(),
             mode: TextMode::Streaming,
             sampling: None,
+            overrides: SamplingOverrides::default(),
             code_predictor_sampling: None,
             repetition_penalty: None,
             seed: 0,
@@ -167,6 +172,68 @@ impl EngineInfo {
             .or(self.speakers.first())
             .map(String::as_str)
     }
+
+    /// Gives `voice` the default speaker when it names no voice at all (no speaker, x-vector or
+    /// reference): what a request without a voice means on every surface.
+    pub fn default_voice(&self, voice: &mut Voice) {
+        if voice.speaker.is_none() && voice.xvector.is_none() && voice.reference.is_none() {
+            voice.speaker = self.default_speaker().map(str::to_owned);
+        }
+    }
+
+    /// Checks what of `req` can be checked without running it, as
+    /// [`Worker::submit`](super::Worker::submit) does before queueing: text with something to
+    /// speak, a speaker and a language of this model, an instruction only where the model takes
+    /// one, sampling settings in range. The engine checks the rest (token ids, a cloned voice's
+    /// reference) when the request runs.
+    pub fn check(&self, req: &Request) -> Result<(), EngineError> {
+        if let TextInput::Text(t) = &req.input {
+            if normalize(t).is_empty() {
+                return Err(EngineError::EmptyText);
+            }
+        }
+        let v = &req.voice;
+        if let Some(s) = v.speaker.as_deref().filter(|s| !s.is_empty()) {
+            if !self.speakers.iter().any(|k| k.eq_ignore_ascii_case(s)) {
+                return Err(TalkerError::UnknownSpeaker {
+                    speaker: s.to_owned(),
+                    model: self.model_type,
+                    supported: self.speakers.clone(),
+                }
+                .into());
+            }
+        }
+        if let Some(l) = v.language.as_deref() {
+            if !self.languages.iter().any(|k| k.eq_ignore_ascii_case(l)) {
+                return Err(TalkerError::UnknownLanguage {
+                    language: l.to_lowercase(),
+                    supported: self.languages.clone(),
+                }
+                .into());
+            }
+        }
+        if v.instruct.is_some() && !self.takes_instruct() {
+            return Err(TalkerError::InstructUnsupported {
+                model: self.model_type,
+                size: self.size.clone(),
+            }
+            .into());
+        }
+        req.overrides.check()?;
+        if let Some(r) = req.repetition_penalty {
+            crate::sampling::check_repetition_penalty(r)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the model takes a voice instruction: VoiceDesign models and the 1.7B CustomVoice.
+    pub fn takes_instruct(&self) -> bool {
+        match self.model_type {
+            "voice_design" => true,
+            "custom_voice" => self.size != "0b6",
+            _ => false,
+        }
+    }
 }
 
 /// Cancels a request from any thread.
@@ -191,8 +258,10 @@ impl Canceller {
     }
 }
 
-/// A running request.
+/// A running request. Dropping it lets the request run to its end unseen: wait for it, or
+/// cancel it.
 #[derive(Debug)]
+#[must_use = "a synthesis runs on after it is dropped; wait for it or cancel it"]
 pub struct Synthesis<'e> {
     pub(super) cancel: Arc<AtomicBool>,
     pub(super) progress: Arc<AtomicUsize>,
@@ -263,7 +332,9 @@ pub(crate) fn plan_request(
     segment_tokens: usize,
 ) -> Result<Vec<Utterance>, EngineError> {
     let g = talker.generation_config();
-    let sampling = req.sampling.unwrap_or_else(|| SamplingParams::talker(g));
+    let sampling = req
+        .overrides
+        .apply(req.sampling.unwrap_or_else(|| SamplingParams::talker(g)));
     let code_predictor_sampling = req
         .code_predictor_sampling
         .unwrap_or_else(|| SamplingParams::code_predictor(g));

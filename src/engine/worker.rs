@@ -96,13 +96,13 @@ impl std::fmt::Debug for Queued {
 
 impl Worker {
     /// Loads the engine on `files` on a new thread; up to `queue` requests may wait behind the
-    /// running one ([`DEFAULT_QUEUE`] is a sensible default).
+    /// running one (0: [`DEFAULT_QUEUE`], as in the C ABI and the Python package).
     pub fn load(
         files: &ModelFiles,
         config: EngineConfig,
         queue: usize,
     ) -> Result<Worker, EngineError> {
-        let queue = queue.max(1);
+        let queue = if queue == 0 { DEFAULT_QUEUE } else { queue };
         let (jobs_tx, jobs_rx) = bounded::<Queued>(queue);
         let (stop_tx, stop_rx) = bounded::<()>(1);
         let (ready_tx, ready_rx) = bounded::<Result<EngineInfo, EngineError>>(1);
@@ -178,8 +178,11 @@ impl Worker {
         }
     }
 
-    /// Queues `req`; fails at once with [`EngineError::Busy`] when `queue` requests already wait.
+    /// Queues `req`; fails at once with the request's error when [`EngineInfo::check`] refuses
+    /// it (nothing waits in the queue to fail), and with [`EngineError::Busy`] when `queue`
+    /// requests already wait.
     pub fn submit(&self, req: Request) -> Result<Job, EngineError> {
+        self.info.check(&req)?;
         let (sink, chunks) = ChannelSink::new(CHUNK_QUEUE);
         let (done_tx, done_rx) = bounded(1);
         let (wake_tx, wake_rx) = bounded(1);
@@ -329,8 +332,11 @@ impl Order {
     }
 }
 
-/// A submitted request: its audio, pulled, and its end.
+/// A submitted request: its audio, pulled, and its end. Dropping it cancels the request (no one
+/// would read its audio), unlike dropping an [`Engine`](super::Engine)'s
+/// [`Synthesis`](super::Synthesis), whose audio goes to a sink.
 #[derive(Debug)]
+#[must_use = "dropping a job cancels its request"]
 pub struct Job {
     order: Order,
     chunks: Receiver<Vec<f32>>,

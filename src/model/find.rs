@@ -124,7 +124,28 @@ fn type_of(talker: &Path) -> &str {
         .unwrap_or("?")
 }
 
-/// Resolves `path`: a directory with a GGUF pair, a talker GGUF with its mmproj beside it, or a
+/// The name that asks for the built-in test model ([`builtin`]) wherever a model path goes (a
+/// folder of that name is `./builtin`).
+pub const BUILTIN: &str = "builtin";
+
+/// The model a library caller asked for: a path as [`resolve`] takes it, or [`BUILTIN`]. The C
+/// ABI and the Python package go through here: without a model they fail with what to do rather
+/// than speak the built-in model's noise, and they never look in the working directory.
+pub fn named(model: Option<&Path>, cache: &Path) -> Result<FoundModel, ModelError> {
+    match model {
+        Some(p) => resolve(p, cache, false, &mut |_| {}, &mut |_, _| {}),
+        None => Err(ModelError::Unsupported {
+            what: "model".into(),
+            expected: "a model: a directory with talker-<type>.gguf and mmproj-<type>.gguf, a \
+                       talker GGUF, a Hugging Face checkpoint directory (converted once), or \
+                       `builtin` for the tiny random-weight test model (noise, not speech)"
+                .into(),
+            found: "none given".into(),
+        }),
+    }
+}
+
+/// Resolves `path` ([`BUILTIN`]: the built-in model): a directory with a GGUF pair, a talker GGUF with its mmproj beside it, or a
 /// Hugging Face checkpoint directory, converted once into the cache under `cache`
 /// ([`super::cache::converted`]; q8_0, or f32 when `exact`). With `exact`, only f32 files will
 /// do: a pair of another type is refused (a quantized model cannot be exact), never used
@@ -137,6 +158,9 @@ pub fn resolve(
     notice: &mut dyn FnMut(&str),
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<FoundModel, ModelError> {
+    if path == Path::new(BUILTIN) {
+        return builtin(cache);
+    }
     let found = model_of;
     let not_exact = |files: &ModelFiles| ModelError::Unsupported {
         what: format!("--exact with {}", files.talker.display()),

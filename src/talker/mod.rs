@@ -228,6 +228,18 @@ pub enum StopReason {
     Cancelled,
 }
 
+impl StopReason {
+    /// The name every surface gives it (the C ABI's `QTTS_STOP_*`, Python's summary, the
+    /// command, the server's metrics and SSE usage): `eos`, `frame_cap`, `cancelled`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StopReason::Eos => "eos",
+            StopReason::FrameCap { .. } => "frame_cap",
+            StopReason::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// What the talker does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Next {

@@ -154,6 +154,42 @@ pub fn load_reference_bytes(
     prepare(audio, &what)
 }
 
+/// Samples a caller recorded (mono f32 at `rate` Hz: the C ABI's and Python's cloning from
+/// samples) → 24 kHz mono samples for the encoders, with the checks a file gets: the rate in
+/// [`RATES`], 1 to 30 s, finite values, not silent.
+pub fn reference_from_samples(samples: &[f32], rate: u32) -> Result<Vec<f32>, AudioInError> {
+    let what = "reference samples";
+    if !RATES.contains(&rate) {
+        return Err(AudioInError::Rate {
+            what: what.into(),
+            found: rate,
+        });
+    }
+    let seconds = samples.len() as f64 / f64::from(rate);
+    if seconds > MAX_REFERENCE_SECONDS {
+        return Err(AudioInError::Length {
+            what: what.into(),
+            found: format!("{seconds:.1} s"),
+            hint: "give at most 30 s",
+        });
+    }
+    if let Some(i) = samples.iter().position(|v| !v.is_finite()) {
+        return Err(AudioInError::NotAudio {
+            what: what.into(),
+            reason: format!(
+                "sample {i} is {} (expected finite values in [-1, 1])",
+                samples[i]
+            ),
+        });
+    }
+    let audio = Audio {
+        samples: samples.to_vec(),
+        rate,
+        channels: 1,
+    };
+    prepare(audio, what)
+}
+
 /// Resampling, length, silence checks.
 fn prepare(audio: Audio, what: &str) -> Result<Vec<f32>, AudioInError> {
     let y = resample(&audio.samples, audio.rate, what)?;

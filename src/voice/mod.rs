@@ -71,6 +71,21 @@ pub enum VoiceError {
         /// The voice's.
         found: String,
     },
+    /// A voice name that is neither a speaker of the model nor a saved voice.
+    /// Pick one of the model's speakers or saved voices, or save one with `qtts voice add`.
+    #[error(
+        "unknown voice {name:?}: not a speaker of this model (speakers: {speakers:?}) nor a voice saved in {dir} (saved: {known:?}); save one with `qtts voice add`"
+    )]
+    UnknownName {
+        /// The name asked for.
+        name: String,
+        /// The model's speakers.
+        speakers: Vec<String>,
+        /// The store.
+        dir: PathBuf,
+        /// The names there.
+        known: Vec<String>,
+    },
     /// No voice of that name.
     #[error("no saved voice {name:?} in {dir} (saved: {known:?}); add it with `qtts voice add`")]
     UnknownVoice {

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::VoiceError;
+use crate::talker::Voice;
 
 /// The `format` field of a voice file.
 pub const FORMAT: &str = "qtts-voice";
@@ -254,6 +255,38 @@ impl VoiceStore {
             });
         }
         ClonedVoice::read(&path)
+    }
+
+    /// The voice `name` means on every surface (C's `voice`, Python's `voice=`, `qtts speak
+    /// --voice`, the server's `voice`): the model's speaker of that name (any case) when it has
+    /// one, else the voice saved here under that name, checked against the model (`mmproj`).
+    pub fn named(
+        &self,
+        info: &crate::engine::EngineInfo,
+        mmproj: &Path,
+        name: &str,
+        language: Option<String>,
+    ) -> Result<Voice, VoiceError> {
+        if let Some(s) = info.speakers.iter().find(|s| s.eq_ignore_ascii_case(name)) {
+            return Ok(Voice {
+                speaker: Some(s.clone()),
+                language,
+                ..Voice::default()
+            });
+        }
+        let voice = match self.get(name) {
+            Err(VoiceError::UnknownVoice { name, dir, known }) => {
+                return Err(VoiceError::UnknownName {
+                    name,
+                    speakers: info.speakers.clone(),
+                    dir,
+                    known,
+                })
+            }
+            other => other?,
+        };
+        let mmproj = crate::gguf::GgufFile::open(mmproj)?;
+        super::speaking_voice(&mmproj, &voice, language)
     }
 
     /// The saved names, sorted.

@@ -157,3 +157,92 @@ fn a_request_started_right_after_a_cancel_plays_whole() {
     });
     assert!(sink.shared().is_idle());
 }
+
+/// A `Write` whose bytes a test reads after the sink has written them.
+#[derive(Clone, Default)]
+struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Shared {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `synth --out -`: the stream's samples are the WAV file's data bytes (hound's, for the same
+/// samples), behind a header hound reads with unknown lengths, or none (`--raw`); every chunk is
+/// out as soon as it is written.
+#[test]
+fn a_stream_sink_writes_what_a_wav_file_holds() {
+    use qtts::audio::{SampleFormat, StreamHeader, StreamSink, WavSink};
+    let cancel = AtomicBool::new(false);
+    let chunks = [frame(1), frame(2), vec![1.5, -2.0, 0.25]];
+    let tmp = tempfile::tempdir().unwrap();
+    for format in [SampleFormat::F32, SampleFormat::S16] {
+        let path = tmp.path().join("x.wav");
+        let mut wav = WavSink::create(&path, format).unwrap();
+        for c in &chunks {
+            wav.write(c, &cancel).unwrap();
+        }
+        wav.finish().unwrap();
+        let file = std::fs::read(&path).unwrap();
+        let data =
+            &file[file.len() - chunks.iter().map(Vec::len).sum::<usize>() * format_bytes(format)..];
+
+        for header in [StreamHeader::Wav, StreamHeader::Raw] {
+            let out = Shared::default();
+            let mut sink = StreamSink::new(Box::new(out.clone()), format, header);
+            let mut seen = 0;
+            for c in &chunks {
+                sink.write(c, &cancel).unwrap();
+                seen += c.len();
+                let head = if header == StreamHeader::Wav { 44 } else { 0 };
+                assert_eq!(
+                    out.0.lock().unwrap().len(),
+                    head + seen * format_bytes(format),
+                    "written at once"
+                );
+            }
+            assert_eq!(sink.samples(), seen as u64);
+            sink.finish().unwrap();
+            let bytes = out.0.lock().unwrap().clone();
+            match header {
+                StreamHeader::Raw => assert_eq!(bytes, data),
+                StreamHeader::Wav => {
+                    assert_eq!(&bytes[44..], data);
+                    assert_eq!(&bytes[0..4], b"RIFF");
+                    assert_eq!(&bytes[4..8], &[0xFF; 4]);
+                    assert_eq!(&bytes[40..44], &[0xFF; 4]);
+                    let spec = hound::WavReader::new(std::io::Cursor::new(&file[..]))
+                        .unwrap()
+                        .spec();
+                    let mut fake = bytes.clone();
+                    // With the lengths filled in, the header is one hound reads as the file's.
+                    let n = (bytes.len() - 44) as u32;
+                    fake[4..8].copy_from_slice(&(n + 36).to_le_bytes());
+                    fake[40..44].copy_from_slice(&n.to_le_bytes());
+                    let got = hound::WavReader::new(std::io::Cursor::new(fake))
+                        .unwrap()
+                        .spec();
+                    assert_eq!(got, spec);
+                }
+            }
+        }
+    }
+    // No sample: the header alone.
+    let out = Shared::default();
+    StreamSink::new(Box::new(out.clone()), SampleFormat::F32, StreamHeader::Wav)
+        .finish()
+        .unwrap();
+    assert_eq!(out.0.lock().unwrap().len(), 44);
+}
+
+fn format_bytes(f: qtts::audio::SampleFormat) -> usize {
+    match f {
+        qtts::audio::SampleFormat::F32 => 4,
+        qtts::audio::SampleFormat::S16 => 2,
+    }
+}

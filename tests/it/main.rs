@@ -12,6 +12,8 @@ static ALLOC: assert_no_alloc::AllocDisabler = assert_no_alloc::AllocDisabler;
 mod common;
 
 mod audio;
+#[allow(dead_code)] // `Outcome::Skipped` is the command's
+mod cases;
 mod checkpoint;
 mod code_predictor;
 mod convert;
@@ -28,6 +30,7 @@ mod panel;
 
 mod sampling;
 mod split;
+mod surfaces;
 mod talker;
 mod tokenizer;
 mod voice;

@@ -6,8 +6,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// The version of this ABI: changes when a function or a struct field changes meaning (a field
-// added at the end of a struct does not change it).
+// ABI versions. Every struct that may grow starts with `size`, the caller's `sizeof`; the
+// library never reads or writes a byte past it. A caller built against an older header passes a
+// smaller size, and the fields it lacks take their defaults; the library's newer fields are
+// added at the ends of structs only. The functions that fill a struct take the caller's size
+// (`qtts_options_defaults`, `qtts_request_defaults`, `qtts_synthesis_summary_sized`); this
+// header's inline `qtts_options_init`, `qtts_request_init` and `qtts_synthesis_summary` pass
+// `sizeof` for them. Programs built against the first header call exported functions of those
+// names, which keep the first version's sizes (request 56 bytes and options 32 on 64-bit
+// targets, a summary without `size`). A program built against the header that first had
+// `cloned_voice` but not these rules gets the first version's request from that exported
+// `qtts_request_init`, so its `cloned_voice` is not read: rebuild it against this header to
+// use cloned voices. `QTTS_ABI_VERSION` changes only when a program built against an earlier
+// header would break: compare it with [`qtts_abi_version`] at startup.
 #define QTTS_ABI_VERSION 1
 
 // Success.
@@ -19,7 +30,8 @@
 // The model could not be found or loaded (missing or corrupt files).
 #define QTTS_ERR_MODEL -2
 
-// The request does not fit the model (unknown voice or language, empty text, ...).
+// The request does not fit the model (unknown voice or language, empty text, a sampling
+// setting out of range, ...): refused by [`qtts_synthesize`], before anything is queued.
 #define QTTS_ERR_REQUEST -3
 
 // The engine's queue is full: try again when a synthesis ends.
@@ -35,6 +47,15 @@
 // file, no such voice, a voice of another model), or the model cannot clone (not a Base model).
 #define QTTS_ERR_VOICE -7
 
+// The talker emitted end-of-speech ([`QttsSummary::stop`]).
+#define QTTS_STOP_EOS 0
+
+// The frame cap was reached: `max_frames`, the runaway guard scaled to the text, or the context.
+#define QTTS_STOP_FRAME_CAP 1
+
+// The synthesis was cancelled.
+#define QTTS_STOP_CANCELLED 2
+
 // A loaded model on its own thread (opaque).
 typedef struct QttsEngine QttsEngine;
 
@@ -47,32 +68,37 @@ typedef struct QttsSynthesis QttsSynthesis;
 // `qtts_synthesize` has returned.
 typedef struct QttsVoice QttsVoice;
 
-// Options of [`qtts_engine_load`]; fill with [`qtts_options_init`] first.
+// Options of [`qtts_engine_load`]; fill with `qtts_options_init` first.
 typedef struct QttsOptions {
   // `sizeof(QttsOptions)` as the caller was built (set by [`qtts_options_init`]).
   size_t size;
-  // The model: a directory with `talker-<type>.gguf` and `mmproj-<type>.gguf`, a talker GGUF,
-  // or an official checkpoint directory (converted once into the cache). NULL: the best model
-  // under `./models`, else the built-in tiny random-weight model (noise, not speech; see
-  // [`qtts_engine_is_builtin`]).
+  // The model (required): a directory with `talker-<type>.gguf` and `mmproj-<type>.gguf`, a
+  // talker GGUF, an official checkpoint directory (converted once into the cache), or
+  // `builtin`, the tiny random-weight test model (noise, not speech). NULL fails with
+  // [`QTTS_ERR_MODEL`].
   const char *model;
-  // CPU cores for the engine; 0: all the machine's (as `qtts speak` does).
-  uint32_t threads;
-  // Syntheses that may wait behind the running one before [`QTTS_ERR_BUSY`]; 0: 8.
+  // CPU cores for the engine (`qtts --cores`, Python's `cores`); 0: all this process may use.
+  // The engine's plan for that many cores, as on every surface. (Named `threads` in the first
+  // header, at the same place.)
+  uint32_t cores;
+  // Syntheses that may wait behind the running one before [`QTTS_ERR_BUSY`]; 0: 8 (the
+  // default on every surface).
   uint32_t queue;
   // Where converted checkpoints and the built-in model are kept; NULL: `$XDG_CACHE_HOME/qtts`
   // or `~/.cache/qtts`.
   const char *cache_dir;
 } QttsOptions;
 
-// A request to [`qtts_synthesize`]; fill with [`qtts_request_init`] first.
+// A request to [`qtts_synthesize`]; fill with `qtts_request_init` first.
 typedef struct QttsRequest {
   // `sizeof(QttsRequest)` as the caller was built (set by [`qtts_request_init`]).
   size_t size;
   // UTF-8 text to speak (required).
   const char *text;
-  // A speaker of a CustomVoice model ([`qtts_engine_voice_name`]); NULL: the model's default
-  // (vivian where it has her, else its first).
+  // A voice by name: a speaker of a CustomVoice model ([`qtts_engine_voice_name`]), else a
+  // voice saved under that name (`qtts voice add`, [`qtts_voice_save`]) in the default voices
+  // folder, as `qtts speak --voice` and Python's `voice=` resolve it. NULL: the model's default
+  // speaker (vivian where it has her, else its first; none for other models).
   const char *voice;
   // A language (`english`, `chinese`, ...); NULL: `auto`.
   const char *language;
@@ -89,17 +115,33 @@ typedef struct QttsRequest {
   // of `voice` and `instruct` (which must then be NULL); NULL: none. Added after the first
   // version: a caller built without it passes a smaller `size` and gets NULL.
   const struct QttsVoice *cloned_voice;
+  // Codebook-0 sampling temperature; 0: greedy; negative: the model's (the default).
+  float temperature;
+  // Keep the k most likely codes (0: all); negative: the model's (the default).
+  int32_t top_k;
+  // Keep the most likely codes up to this probability, in (0, 1]; negative: the model's (the
+  // default).
+  float top_p;
+  // Repetition penalty over codebook 0, above 0 (1: none); negative: the model's (the
+  // default).
+  float repetition_penalty;
 } QttsRequest;
 
-// The end of a synthesis, from [`qtts_synthesis_summary`].
+// The end of a synthesis, from `qtts_synthesis_summary`.
 typedef struct QttsSummary {
+  // Set by the caller to its `sizeof(QttsSummary)`; on return, the bytes the library filled
+  // (the fields past them, zeroed, are newer than the library).
+  size_t size;
   // Frames generated (80 ms each).
   uint64_t frames;
   // Samples made (24 kHz mono).
   uint64_t samples;
-  // 1 when the synthesis was cancelled, else 0.
+  // 1 when the synthesis was cancelled, else 0 (`stop == QTTS_STOP_CANCELLED`).
   int32_t cancelled;
-  // Request to first audio, in milliseconds (-1 when no audio was made).
+  // Why it ended: [`QTTS_STOP_EOS`], [`QTTS_STOP_FRAME_CAP`] or [`QTTS_STOP_CANCELLED`] (that
+  // of its last utterance, or the cancel).
+  int32_t stop;
+  // Request to first audio, in milliseconds; -1 when no audio was made.
   double ttfa_ms;
   // Real-time factor of generation (time to the last sample over the audio's duration).
   double rtf;
@@ -120,17 +162,21 @@ uint32_t qtts_sample_rate(void);
 // into this library on this thread; do not free it.
 const char *qtts_last_error(void);
 
-// Fills `opts` with the defaults (and its `size`). Returns a status.
+// Fills the caller's `size` bytes at `opts` with the defaults, `size` included (bytes past this
+// library's struct are zeroed); the header's `qtts_options_init(opts)` passes `sizeof *opts`.
+// Returns a status.
 //
 // # Safety
-// `opts` is null or points to a writable `QttsOptions`.
-int32_t qtts_options_init(struct QttsOptions *opts);
+// `opts` is null or points to `size` writable bytes.
+int32_t qtts_options_defaults(struct QttsOptions *opts, size_t size);
 
-// Fills `req` with the defaults (and its `size`). Returns a status.
+// Fills the caller's `size` bytes at `req` with the defaults, `size` included (bytes past this
+// library's struct are zeroed); the header's `qtts_request_init(req)` passes `sizeof *req`.
+// Returns a status.
 //
 // # Safety
-// `req` is null or points to a writable `QttsRequest`.
-int32_t qtts_request_init(struct QttsRequest *req);
+// `req` is null or points to `size` writable bytes.
+int32_t qtts_request_defaults(struct QttsRequest *req, size_t size);
 
 // Loads a model and starts its engine; on success `*out` holds it (free with
 // [`qtts_engine_free`]). Loading a model takes from a second (the built-in one) to a minute
@@ -155,6 +201,27 @@ void qtts_engine_free(struct QttsEngine *engine);
 // `engine` is null or a live engine.
 int32_t qtts_engine_is_builtin(const struct QttsEngine *engine);
 
+// The model's type, as its checkpoint names it: `custom_voice` (named speakers), `voice_design`
+// (voices described by `instruct`) or `base` (cloned voices); NULL for NULL. Valid while the
+// engine lives.
+//
+// # Safety
+// `engine` is null or a live engine.
+const char *qtts_engine_model_type(const struct QttsEngine *engine);
+
+// The number of languages the model takes for [`QttsRequest::language`] (`auto` included; 0
+// for NULL).
+//
+// # Safety
+// `engine` is null or a live engine.
+size_t qtts_engine_language_count(const struct QttsEngine *engine);
+
+// Language `index`'s name, valid while the engine lives; NULL when `index` is out of range.
+//
+// # Safety
+// `engine` is null or a live engine.
+const char *qtts_engine_language_name(const struct QttsEngine *engine, size_t index);
+
 // The number of named voices (CustomVoice speakers; 0 for other models, and for NULL).
 //
 // # Safety
@@ -168,10 +235,11 @@ size_t qtts_engine_voice_count(const struct QttsEngine *engine);
 const char *qtts_engine_voice_name(const struct QttsEngine *engine, size_t index);
 
 // Starts synthesizing `req` (queued behind running syntheses); on success `*out` holds its
-// handle, read with [`qtts_read`] and freed with [`qtts_synthesis_free`]. Errors in the request
-// (unknown voice, empty text) are reported by [`qtts_read`] when the synthesis reaches them.
-// Returns a status ([`QTTS_ERR_BUSY`] when the queue is full, [`QTTS_ERR_VOICE`] for a cloned
-// voice of another model).
+// handle, read with [`qtts_read`] and freed with [`qtts_synthesis_free`]. The request is checked
+// first and refused at once, before anything is queued: [`QTTS_ERR_REQUEST`] for an unknown
+// voice or language, empty text, an instruction the model does not take or a sampling setting
+// out of range; [`QTTS_ERR_VOICE`] for a saved or cloned voice of another model or a damaged
+// voice file; [`QTTS_ERR_BUSY`] when the queue is full. Returns a status.
 //
 // # Safety
 // `engine` is a live engine; `req` points to a `QttsRequest` of at least its `size` bytes whose
@@ -200,12 +268,15 @@ int64_t qtts_read(struct QttsSynthesis *s, float *buf, size_t cap, int32_t timeo
 // `s` is null or a live synthesis.
 int32_t qtts_cancel(const struct QttsSynthesis *s);
 
-// The synthesis's summary once [`qtts_read`] has answered 0. Returns a status
-// ([`QTTS_ERR_INVALID_ARGUMENT`] before the end).
+// Writes the synthesis's summary into the caller's struct once [`qtts_read`] has answered 0:
+// the caller sets `out->size` to its `sizeof(QttsSummary)` (the header's inline
+// `qtts_synthesis_summary` does), and on return `out->size` is the number of bytes filled (the
+// rest, fields newer than this library, are zeroed). Returns a status
+// ([`QTTS_ERR_INVALID_ARGUMENT`] before the end, the synthesis's error when it failed).
 //
 // # Safety
-// `s` is a live synthesis; `out` points to a writable `QttsSummary`.
-int32_t qtts_synthesis_summary(const struct QttsSynthesis *s, struct QttsSummary *out);
+// `s` is a live synthesis; `out` points to `out->size` writable bytes, `size` first.
+int32_t qtts_synthesis_summary_sized(const struct QttsSynthesis *s, struct QttsSummary *out);
 
 // Frees a synthesis, cancelling it if it has not ended. NULL is ignored.
 //
@@ -228,6 +299,22 @@ int32_t qtts_voice_clone(const struct QttsEngine *engine,
                          const char *audio_path,
                          const char *text,
                          struct QttsVoice **out);
+
+// Clones the voice in `count` samples at `samples` (mono f32 in [-1, 1], 1 to 30 s) recorded at
+// `sample_rate` Hz (8000 to 192000), as [`qtts_voice_clone`] does a file: 24000 is taken as is;
+// another rate is resampled when the library was built with the `resample` feature, else
+// refused. Returns a
+// status ([`QTTS_ERR_VOICE`]: the samples cannot be used, or the model is not a Base model).
+//
+// # Safety
+// `engine` is a live engine; `samples` points to `count` readable floats; `text` is null or
+// NUL-terminated; `out` points to a writable pointer.
+int32_t qtts_voice_clone_samples(const struct QttsEngine *engine,
+                                 const float *samples,
+                                 size_t count,
+                                 uint32_t sample_rate,
+                                 const char *text,
+                                 struct QttsVoice **out);
 
 // Loads the voice saved as `name` (by [`qtts_voice_save`] or `qtts voice add`) from `voices_dir`
 // (NULL: `$QTTS_VOICES`, else `~/.local/share/qtts/voices`), checked against the engine's model;
@@ -268,3 +355,30 @@ void qtts_voice_free(struct QttsVoice *voice);
 #endif  // __cplusplus
 
 #endif  /* QTTS_H */
+
+#ifndef QTTS_H_INLINE
+#define QTTS_H_INLINE
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Fills *opts with the defaults for this header's QttsOptions (size = sizeof *opts). */
+static inline int32_t qtts_options_init(QttsOptions *opts) {
+  return qtts_options_defaults(opts, sizeof *opts);
+}
+
+/* Fills *req with the defaults for this header's QttsRequest (size = sizeof *req). */
+static inline int32_t qtts_request_init(QttsRequest *req) {
+  return qtts_request_defaults(req, sizeof *req);
+}
+
+/* The synthesis's summary once qtts_read has answered 0, into this header's QttsSummary. */
+static inline int32_t qtts_synthesis_summary(const QttsSynthesis *s, QttsSummary *out) {
+  if (out) out->size = sizeof *out;
+  return qtts_synthesis_summary_sized(s, out);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* QTTS_H_INLINE */

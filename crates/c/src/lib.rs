@@ -12,9 +12,15 @@
 //! - Null pointers, non-UTF-8 strings and structs whose `size` is smaller than the first
 //!   version's are answered [`QTTS_ERR_INVALID_ARGUMENT`]; never undefined behaviour that a check
 //!   could catch.
-//! - Forward compatibility: the option and request structs start with their `size`; a caller
-//!   built against an older header passes a smaller one, and the fields it lacks take their
-//!   defaults. [`qtts_abi_version`] changes when a function or field changes meaning.
+//! - Versions (the header's "ABI versions" comment): every struct that may grow starts with its
+//!   `size`, the caller's `sizeof`; the library never reads or writes past it. A caller built
+//!   against an older header passes a smaller size and the fields it lacks take their defaults;
+//!   a newer caller's extra bytes are zeroed by the `_defaults` functions and otherwise ignored.
+//!   The functions that fill a struct take the caller's size (the header's inline
+//!   `qtts_options_init`, `qtts_request_init` and `qtts_synthesis_summary` pass `sizeof`);
+//!   version 1's functions of those names stay exported with version 1's sizes (`v1.rs`), for
+//!   programs built against its header. [`QTTS_ABI_VERSION`] changes only when a program built
+//!   against an earlier header would break.
 //! - Cloned voices (Base models; `voice.rs`): [`qtts_voice_clone`] from a recording,
 //!   [`qtts_voice_save`] and [`qtts_voice_load`] by name, spoken through
 //!   [`QttsRequest::cloned_voice`].
@@ -29,18 +35,30 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
+mod v1;
 mod voice;
+pub use v1::*;
 pub use voice::*;
 
-use qtts::engine::{
-    Canceller, EngineConfig, EngineError, Job, Read, Request, ThreadPlan, Worker, DEFAULT_QUEUE,
-};
+use qtts::engine::{Canceller, EngineConfig, EngineError, Job, Read, Request, ThreadPlan, Worker};
 use qtts::model::ModelFiles;
+use qtts::sampling::SamplingOverrides;
 use qtts::talker::{StopReason, Voice};
 use qtts::voice::SharedCloner;
 
-/// The version of this ABI: changes when a function or a struct field changes meaning (a field
-/// added at the end of a struct does not change it).
+/// ABI versions. Every struct that may grow starts with `size`, the caller's `sizeof`; the
+/// library never reads or writes a byte past it. A caller built against an older header passes a
+/// smaller size, and the fields it lacks take their defaults; the library's newer fields are
+/// added at the ends of structs only. The functions that fill a struct take the caller's size
+/// (`qtts_options_defaults`, `qtts_request_defaults`, `qtts_synthesis_summary_sized`); this
+/// header's inline `qtts_options_init`, `qtts_request_init` and `qtts_synthesis_summary` pass
+/// `sizeof` for them. Programs built against the first header call exported functions of those
+/// names, which keep the first version's sizes (request 56 bytes and options 32 on 64-bit
+/// targets, a summary without `size`). A program built against the header that first had
+/// `cloned_voice` but not these rules gets the first version's request from that exported
+/// `qtts_request_init`, so its `cloned_voice` is not read: rebuild it against this header to
+/// use cloned voices. `QTTS_ABI_VERSION` changes only when a program built against an earlier
+/// header would break: compare it with [`qtts_abi_version`] at startup.
 pub const QTTS_ABI_VERSION: u32 = 1;
 
 /// Success.
@@ -49,7 +67,8 @@ pub const QTTS_OK: i32 = 0;
 pub const QTTS_ERR_INVALID_ARGUMENT: i32 = -1;
 /// The model could not be found or loaded (missing or corrupt files).
 pub const QTTS_ERR_MODEL: i32 = -2;
-/// The request does not fit the model (unknown voice or language, empty text, ...).
+/// The request does not fit the model (unknown voice or language, empty text, a sampling
+/// setting out of range, ...): refused by [`qtts_synthesize`], before anything is queued.
 pub const QTTS_ERR_REQUEST: i32 = -3;
 /// The engine's queue is full: try again when a synthesis ends.
 pub const QTTS_ERR_BUSY: i32 = -4;
@@ -61,27 +80,37 @@ pub const QTTS_ERR_INTERNAL: i32 = -6;
 /// file, no such voice, a voice of another model), or the model cannot clone (not a Base model).
 pub const QTTS_ERR_VOICE: i32 = -7;
 
-/// Options of [`qtts_engine_load`]; fill with [`qtts_options_init`] first.
+/// The talker emitted end-of-speech ([`QttsSummary::stop`]).
+pub const QTTS_STOP_EOS: i32 = 0;
+/// The frame cap was reached: `max_frames`, the runaway guard scaled to the text, or the context.
+pub const QTTS_STOP_FRAME_CAP: i32 = 1;
+/// The synthesis was cancelled.
+pub const QTTS_STOP_CANCELLED: i32 = 2;
+
+/// Options of [`qtts_engine_load`]; fill with `qtts_options_init` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct QttsOptions {
     /// `sizeof(QttsOptions)` as the caller was built (set by [`qtts_options_init`]).
     pub size: usize,
-    /// The model: a directory with `talker-<type>.gguf` and `mmproj-<type>.gguf`, a talker GGUF,
-    /// or an official checkpoint directory (converted once into the cache). NULL: the best model
-    /// under `./models`, else the built-in tiny random-weight model (noise, not speech; see
-    /// [`qtts_engine_is_builtin`]).
+    /// The model (required): a directory with `talker-<type>.gguf` and `mmproj-<type>.gguf`, a
+    /// talker GGUF, an official checkpoint directory (converted once into the cache), or
+    /// `builtin`, the tiny random-weight test model (noise, not speech). NULL fails with
+    /// [`QTTS_ERR_MODEL`].
     pub model: *const c_char,
-    /// CPU cores for the engine; 0: all the machine's (as `qtts speak` does).
-    pub threads: u32,
-    /// Syntheses that may wait behind the running one before [`QTTS_ERR_BUSY`]; 0: 8.
+    /// CPU cores for the engine (`qtts --cores`, Python's `cores`); 0: all this process may use.
+    /// The engine's plan for that many cores, as on every surface. (Named `threads` in the first
+    /// header, at the same place.)
+    pub cores: u32,
+    /// Syntheses that may wait behind the running one before [`QTTS_ERR_BUSY`]; 0: 8 (the
+    /// default on every surface).
     pub queue: u32,
     /// Where converted checkpoints and the built-in model are kept; NULL: `$XDG_CACHE_HOME/qtts`
     /// or `~/.cache/qtts`.
     pub cache_dir: *const c_char,
 }
 
-/// A request to [`qtts_synthesize`]; fill with [`qtts_request_init`] first.
+/// A request to [`qtts_synthesize`]; fill with `qtts_request_init` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct QttsRequest {
@@ -89,8 +118,10 @@ pub struct QttsRequest {
     pub size: usize,
     /// UTF-8 text to speak (required).
     pub text: *const c_char,
-    /// A speaker of a CustomVoice model ([`qtts_engine_voice_name`]); NULL: the model's default
-    /// (vivian where it has her, else its first).
+    /// A voice by name: a speaker of a CustomVoice model ([`qtts_engine_voice_name`]), else a
+    /// voice saved under that name (`qtts voice add`, [`qtts_voice_save`]) in the default voices
+    /// folder, as `qtts speak --voice` and Python's `voice=` resolve it. NULL: the model's default
+    /// speaker (vivian where it has her, else its first; none for other models).
     pub voice: *const c_char,
     /// A language (`english`, `chinese`, ...); NULL: `auto`.
     pub language: *const c_char,
@@ -107,19 +138,35 @@ pub struct QttsRequest {
     /// of `voice` and `instruct` (which must then be NULL); NULL: none. Added after the first
     /// version: a caller built without it passes a smaller `size` and gets NULL.
     pub cloned_voice: *const QttsVoice,
+    /// Codebook-0 sampling temperature; 0: greedy; negative: the model's (the default).
+    pub temperature: f32,
+    /// Keep the k most likely codes (0: all); negative: the model's (the default).
+    pub top_k: i32,
+    /// Keep the most likely codes up to this probability, in (0, 1]; negative: the model's (the
+    /// default).
+    pub top_p: f32,
+    /// Repetition penalty over codebook 0, above 0 (1: none); negative: the model's (the
+    /// default).
+    pub repetition_penalty: f32,
 }
 
-/// The end of a synthesis, from [`qtts_synthesis_summary`].
+/// The end of a synthesis, from `qtts_synthesis_summary`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct QttsSummary {
+    /// Set by the caller to its `sizeof(QttsSummary)`; on return, the bytes the library filled
+    /// (the fields past them, zeroed, are newer than the library).
+    pub size: usize,
     /// Frames generated (80 ms each).
     pub frames: u64,
     /// Samples made (24 kHz mono).
     pub samples: u64,
-    /// 1 when the synthesis was cancelled, else 0.
+    /// 1 when the synthesis was cancelled, else 0 (`stop == QTTS_STOP_CANCELLED`).
     pub cancelled: i32,
-    /// Request to first audio, in milliseconds (-1 when no audio was made).
+    /// Why it ended: [`QTTS_STOP_EOS`], [`QTTS_STOP_FRAME_CAP`] or [`QTTS_STOP_CANCELLED`] (that
+    /// of its last utterance, or the cancel).
+    pub stop: i32,
+    /// Request to first audio, in milliseconds; -1 when no audio was made.
     pub ttfa_ms: f64,
     /// Real-time factor of generation (time to the last sample over the audio's duration).
     pub rtf: f64,
@@ -129,6 +176,8 @@ pub struct QttsSummary {
 pub struct QttsEngine {
     worker: Worker,
     voices: Vec<CString>,
+    languages: Vec<CString>,
+    model_type: CString,
     builtin: bool,
     files: ModelFiles,
     /// A Base model's encoders, loaded by the first [`qtts_voice_clone`].
@@ -175,7 +224,9 @@ fn invalid(msg: impl Into<String>) -> (i32, String) {
 fn code_of(e: &EngineError) -> i32 {
     match e {
         EngineError::Model(_) => QTTS_ERR_MODEL,
-        EngineError::Talker(_) | EngineError::EmptyText => QTTS_ERR_REQUEST,
+        EngineError::Talker(_) | EngineError::EmptyText | EngineError::Sampling(_) => {
+            QTTS_ERR_REQUEST
+        }
         EngineError::Busy { .. } => QTTS_ERR_BUSY,
         EngineError::Plan { .. } => QTTS_ERR_INVALID_ARGUMENT,
         _ => QTTS_ERR_INTERNAL,
@@ -232,22 +283,55 @@ unsafe fn read_sized<T: Copy>(
     Ok(out)
 }
 
-/// The first version's struct sizes: a caller's `size` below these is an error. When a field is
-/// added at the end of a struct, these stay at the sizes of version 1 (write the number here).
-const OPTIONS_V1: usize = std::mem::size_of::<QttsOptions>();
-const REQUEST_V1: usize = std::mem::offset_of!(QttsRequest, cloned_voice);
+/// Writes `value` into a caller's struct of `size` bytes: the first `min(size, sizeof T)` bytes of
+/// `value`, zeros for the caller's bytes past `T` (fields newer than this library). Never a byte
+/// past `size`.
+///
+/// # Safety
+/// `p` is null or points to `size` writable bytes.
+unsafe fn write_sized<T: Copy>(
+    p: *mut T,
+    value: T,
+    size: usize,
+    min: usize,
+    what: &str,
+) -> Result<(), (i32, String)> {
+    if p.is_null() {
+        return Err(invalid(format!("{what}: expected a pointer, found NULL")));
+    }
+    if size < min {
+        return Err(invalid(format!(
+            "{what} size: expected at least {min} (sizeof of the first version; pass sizeof), found {size}"
+        )));
+    }
+    let own = std::mem::size_of::<T>();
+    let n = size.min(own);
+    // SAFETY: `size` writable bytes at `p` by the contract; `n <= size` bytes of `value` are
+    // copied and `size - n` zeroed after them.
+    unsafe {
+        std::ptr::copy_nonoverlapping((&raw const value).cast::<u8>(), p.cast::<u8>(), n);
+        std::ptr::write_bytes(p.cast::<u8>().add(n), 0, size - n);
+    }
+    Ok(())
+}
 
-fn default_options() -> QttsOptions {
+/// The first version's struct sizes ([`v1`]): a caller's `size` below these is an error.
+pub(crate) const OPTIONS_V1: usize = std::mem::size_of::<v1::OptionsV1>();
+pub(crate) const REQUEST_V1: usize = std::mem::size_of::<v1::RequestV1>();
+/// The summary's first size (the version that gave it a `size`).
+const SUMMARY_V2: usize = std::mem::size_of::<QttsSummary>();
+
+pub(crate) fn default_options() -> QttsOptions {
     QttsOptions {
         size: std::mem::size_of::<QttsOptions>(),
         model: std::ptr::null(),
-        threads: 0,
+        cores: 0,
         queue: 0,
         cache_dir: std::ptr::null(),
     }
 }
 
-fn default_request() -> QttsRequest {
+pub(crate) fn default_request() -> QttsRequest {
     QttsRequest {
         size: std::mem::size_of::<QttsRequest>(),
         text: std::ptr::null(),
@@ -258,6 +342,10 @@ fn default_request() -> QttsRequest {
         max_frames: 0,
         min_frames: 0,
         cloned_voice: std::ptr::null(),
+        temperature: -1.0,
+        top_k: -1,
+        top_p: -1.0,
+        repetition_penalty: -1.0,
     }
 }
 
@@ -281,34 +369,36 @@ pub extern "C" fn qtts_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// Fills `opts` with the defaults (and its `size`). Returns a status.
+/// Fills the caller's `size` bytes at `opts` with the defaults, `size` included (bytes past this
+/// library's struct are zeroed); the header's `qtts_options_init(opts)` passes `sizeof *opts`.
+/// Returns a status.
 ///
 /// # Safety
-/// `opts` is null or points to a writable `QttsOptions`.
+/// `opts` is null or points to `size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn qtts_options_init(opts: *mut QttsOptions) -> i32 {
-    if opts.is_null() {
-        set_error("opts: expected a pointer, found NULL");
-        return QTTS_ERR_INVALID_ARGUMENT;
-    }
-    // SAFETY: non-null and writable by the contract.
-    unsafe { opts.write(default_options()) };
-    QTTS_OK
+pub unsafe extern "C" fn qtts_options_defaults(opts: *mut QttsOptions, size: usize) -> i32 {
+    let value = QttsOptions {
+        size,
+        ..default_options()
+    };
+    // SAFETY: by the contract.
+    guard(|| unsafe { write_sized(opts, value, size, OPTIONS_V1, "opts") }.map(|()| QTTS_OK))
 }
 
-/// Fills `req` with the defaults (and its `size`). Returns a status.
+/// Fills the caller's `size` bytes at `req` with the defaults, `size` included (bytes past this
+/// library's struct are zeroed); the header's `qtts_request_init(req)` passes `sizeof *req`.
+/// Returns a status.
 ///
 /// # Safety
-/// `req` is null or points to a writable `QttsRequest`.
+/// `req` is null or points to `size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn qtts_request_init(req: *mut QttsRequest) -> i32 {
-    if req.is_null() {
-        set_error("req: expected a pointer, found NULL");
-        return QTTS_ERR_INVALID_ARGUMENT;
-    }
-    // SAFETY: non-null and writable by the contract.
-    unsafe { req.write(default_request()) };
-    QTTS_OK
+pub unsafe extern "C" fn qtts_request_defaults(req: *mut QttsRequest, size: usize) -> i32 {
+    let value = QttsRequest {
+        size,
+        ..default_request()
+    };
+    // SAFETY: by the contract.
+    guard(|| unsafe { write_sized(req, value, size, REQUEST_V1, "req") }.map(|()| QTTS_OK))
 }
 
 /// Loads a model and starts its engine; on success `*out` holds it (free with
@@ -345,34 +435,30 @@ pub unsafe extern "C" fn qtts_engine_load(
         let cache = cache
             .map(PathBuf::from)
             .unwrap_or_else(qtts::model::find::cache_dir);
-        let found = match model {
-            Some(p) => {
-                qtts::model::find::resolve(p.as_ref(), &cache, false, &mut |_| {}, &mut |_, _| {})
-            }
-            None => qtts::model::find::default_model("models".as_ref(), &cache),
-        }
-        .map_err(|e| (QTTS_ERR_MODEL, e.to_string()))?;
+        let found = qtts::model::find::named(model.as_deref().map(std::path::Path::new), &cache)
+            .map_err(|e| (QTTS_ERR_MODEL, e.to_string()))?;
         let mut config = EngineConfig::default();
-        if o.threads > 0 {
-            config.plan = ThreadPlan::for_cores(o.threads as usize);
+        if o.cores > 0 {
+            config.plan = ThreadPlan::default_for(o.cores as usize);
         }
         let threads = config.plan.all_cores().len().max(1);
-        let queue = if o.queue == 0 {
-            DEFAULT_QUEUE
-        } else {
-            o.queue as usize
-        };
+        let queue = o.queue as usize;
         let worker =
             Worker::load(&found.files, config, queue).map_err(|e| (code_of(&e), e.to_string()))?;
-        let voices = worker
-            .info()
-            .speakers
-            .iter()
-            .map(|s| CString::new(s.replace('\0', " ")).unwrap_or_default())
-            .collect();
+        let c_strings = |v: &[String]| -> Vec<CString> {
+            v.iter()
+                .map(|s| CString::new(s.replace('\0', " ")).unwrap_or_default())
+                .collect()
+        };
+        let info = worker.info();
+        let voices = c_strings(&info.speakers);
+        let languages = c_strings(&info.languages);
+        let model_type = CString::new(info.model_type).unwrap_or_default();
         let engine = Box::new(QttsEngine {
             worker,
             voices,
+            languages,
+            model_type,
             builtin: found.builtin,
             cloner: SharedCloner::new(found.files.clone(), threads),
             files: found.files,
@@ -412,6 +498,50 @@ pub unsafe extern "C" fn qtts_engine_is_builtin(engine: *const QttsEngine) -> i3
     }
 }
 
+/// The model's type, as its checkpoint names it: `custom_voice` (named speakers), `voice_design`
+/// (voices described by `instruct`) or `base` (cloned voices); NULL for NULL. Valid while the
+/// engine lives.
+///
+/// # Safety
+/// `engine` is null or a live engine.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_engine_model_type(engine: *const QttsEngine) -> *const c_char {
+    // SAFETY: null or live by the contract.
+    unsafe { engine.as_ref() }.map_or(std::ptr::null(), |e| e.model_type.as_ptr())
+}
+
+/// The number of languages the model takes for [`QttsRequest::language`] (`auto` included; 0
+/// for NULL).
+///
+/// # Safety
+/// `engine` is null or a live engine.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_engine_language_count(engine: *const QttsEngine) -> usize {
+    // SAFETY: null or live by the contract.
+    unsafe { engine.as_ref() }.map_or(0, |e| e.languages.len())
+}
+
+/// Language `index`'s name, valid while the engine lives; NULL when `index` is out of range.
+///
+/// # Safety
+/// `engine` is null or a live engine.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_engine_language_name(
+    engine: *const QttsEngine,
+    index: usize,
+) -> *const c_char {
+    // SAFETY: null or live by the contract.
+    match unsafe { engine.as_ref() }.and_then(|e| e.languages.get(index)) {
+        Some(v) => v.as_ptr(),
+        None => {
+            set_error(format!(
+                "language index {index}: out of range (qtts_engine_language_count)"
+            ));
+            std::ptr::null()
+        }
+    }
+}
+
 /// The number of named voices (CustomVoice speakers; 0 for other models, and for NULL).
 ///
 /// # Safety
@@ -444,10 +574,11 @@ pub unsafe extern "C" fn qtts_engine_voice_name(
 }
 
 /// Starts synthesizing `req` (queued behind running syntheses); on success `*out` holds its
-/// handle, read with [`qtts_read`] and freed with [`qtts_synthesis_free`]. Errors in the request
-/// (unknown voice, empty text) are reported by [`qtts_read`] when the synthesis reaches them.
-/// Returns a status ([`QTTS_ERR_BUSY`] when the queue is full, [`QTTS_ERR_VOICE`] for a cloned
-/// voice of another model).
+/// handle, read with [`qtts_read`] and freed with [`qtts_synthesis_free`]. The request is checked
+/// first and refused at once, before anything is queued: [`QTTS_ERR_REQUEST`] for an unknown
+/// voice or language, empty text, an instruction the model does not take or a sampling setting
+/// out of range; [`QTTS_ERR_VOICE`] for a saved or cloned voice of another model or a damaged
+/// voice file; [`QTTS_ERR_BUSY`] when the queue is full. Returns a status.
 ///
 /// # Safety
 /// `engine` is a live engine; `req` points to a `QttsRequest` of at least its `size` bytes whose
@@ -481,7 +612,6 @@ pub unsafe extern "C" fn qtts_synthesize(
         };
         let text = text.ok_or_else(|| invalid("req.text: expected UTF-8 text, found NULL"))?;
         let mut request = Request::text(text);
-        let info = engine.worker.info();
         // SAFETY: null or a live voice by the contract.
         request.voice = match unsafe { r.cloned_voice.as_ref() } {
             Some(v) => {
@@ -495,17 +625,28 @@ pub unsafe extern "C" fn qtts_synthesize(
                 }
                 voice::speaking(engine, v, language)?
             }
-            None => Voice {
-                speaker: voice.or_else(|| info.default_speaker().map(str::to_owned)),
-                language,
-                instruct,
-                xvector: None,
-                reference: None,
+            None => match voice {
+                Some(name) if instruct.is_none() => voice::named(engine, &name, language)?,
+                // An instruction goes with a speaker of the model (1.7B CustomVoice).
+                speaker => Voice {
+                    speaker,
+                    language,
+                    instruct,
+                    xvector: None,
+                    reference: None,
+                },
             },
         };
         request.seed = r.seed;
         request.max_frames = (r.max_frames > 0).then_some(r.max_frames as usize);
         request.min_frames = request.min_frames.max(r.min_frames as usize);
+        let unset = |v: f32| v < 0.0;
+        request.overrides = SamplingOverrides {
+            temperature: (!unset(r.temperature)).then_some(r.temperature),
+            top_k: usize::try_from(r.top_k).ok(),
+            top_p: (!unset(r.top_p)).then_some(r.top_p),
+        };
+        request.repetition_penalty = (!unset(r.repetition_penalty)).then_some(r.repetition_penalty);
         let job = engine
             .worker
             .submit(request)
@@ -595,38 +736,59 @@ pub unsafe extern "C" fn qtts_cancel(s: *const QttsSynthesis) -> i32 {
     }
 }
 
-/// The synthesis's summary once [`qtts_read`] has answered 0. Returns a status
-/// ([`QTTS_ERR_INVALID_ARGUMENT`] before the end).
+/// The summary of a synthesis at its end, in this library's layout.
 ///
 /// # Safety
-/// `s` is a live synthesis; `out` points to a writable `QttsSummary`.
+/// `s` is null or a live synthesis.
+pub(crate) unsafe fn summary_of(s: *const QttsSynthesis) -> Result<QttsSummary, (i32, String)> {
+    // SAFETY: null or live by the contract.
+    let s =
+        unsafe { s.as_ref() }.ok_or_else(|| invalid("synthesis: expected a handle, found NULL"))?;
+    let job = s.job.lock().unwrap_or_else(|e| e.into_inner());
+    let summary = match job.outcome() {
+        None => return Err(invalid("summary: expected a synthesis at its end (qtts_read answered 0), found one still running")),
+        Some(Err(e)) => return Err((code_of(e), e.to_string())),
+        Some(Ok(summary)) => summary,
+    };
+    Ok(QttsSummary {
+        size: std::mem::size_of::<QttsSummary>(),
+        frames: summary.frames as u64,
+        samples: summary.samples as u64,
+        cancelled: i32::from(summary.stop == StopReason::Cancelled),
+        stop: match summary.stop {
+            StopReason::Eos => QTTS_STOP_EOS,
+            StopReason::FrameCap { .. } => QTTS_STOP_FRAME_CAP,
+            StopReason::Cancelled => QTTS_STOP_CANCELLED,
+        },
+        ttfa_ms: summary.ttfa.map_or(-1.0, |t| t.as_secs_f64() * 1e3),
+        rtf: summary.rtf(),
+    })
+}
+
+/// Writes the synthesis's summary into the caller's struct once [`qtts_read`] has answered 0:
+/// the caller sets `out->size` to its `sizeof(QttsSummary)` (the header's inline
+/// `qtts_synthesis_summary` does), and on return `out->size` is the number of bytes filled (the
+/// rest, fields newer than this library, are zeroed). Returns a status
+/// ([`QTTS_ERR_INVALID_ARGUMENT`] before the end, the synthesis's error when it failed).
+///
+/// # Safety
+/// `s` is a live synthesis; `out` points to `out->size` writable bytes, `size` first.
 #[no_mangle]
-pub unsafe extern "C" fn qtts_synthesis_summary(
+pub unsafe extern "C" fn qtts_synthesis_summary_sized(
     s: *const QttsSynthesis,
     out: *mut QttsSummary,
 ) -> i32 {
     guard(|| {
-        // SAFETY: null or live by the contract.
-        let s = unsafe { s.as_ref() }
-            .ok_or_else(|| invalid("synthesis: expected a handle, found NULL"))?;
         if out.is_null() {
             return Err(invalid("out: expected a pointer, found NULL"));
         }
-        let job = s.job.lock().unwrap_or_else(|e| e.into_inner());
-        let summary = match job.outcome() {
-            None => return Err(invalid("summary: expected a synthesis at its end (qtts_read answered 0), found one still running")),
-            Some(Err(e)) => return Err((code_of(e), e.to_string())),
-            Some(Ok(summary)) => summary,
-        };
-        let q = QttsSummary {
-            frames: summary.frames as u64,
-            samples: summary.samples as u64,
-            cancelled: i32::from(summary.stop == StopReason::Cancelled),
-            ttfa_ms: summary.ttfa.map_or(-1.0, |t| t.as_secs_f64() * 1e3),
-            rtf: summary.rtf(),
-        };
-        // SAFETY: writable by the contract.
-        unsafe { out.write(q) };
+        // SAFETY: the struct starts with its size, readable by the contract.
+        let size = unsafe { std::ptr::read_unaligned(out.cast::<usize>()) };
+        // SAFETY: null or live by the contract.
+        let mut q = unsafe { summary_of(s)? };
+        q.size = size.min(std::mem::size_of::<QttsSummary>());
+        // SAFETY: `size` writable bytes by the contract.
+        unsafe { write_sized(out, q, size, SUMMARY_V2, "out")? };
         Ok(QTTS_OK)
     })
 }

@@ -9,7 +9,9 @@ use std::ptr::null_mut;
 use qtts::talker::Voice;
 use qtts::voice::{ClonedVoice, VoiceError, VoiceStore};
 
-use crate::{guard, invalid, opt_str, QttsEngine, QTTS_ERR_MODEL, QTTS_ERR_VOICE, QTTS_OK};
+use crate::{
+    guard, invalid, opt_str, QttsEngine, QTTS_ERR_MODEL, QTTS_ERR_REQUEST, QTTS_ERR_VOICE, QTTS_OK,
+};
 
 /// A voice cloned from a recording (opaque), made by [`qtts_voice_clone`] or [`qtts_voice_load`]
 /// for one model. Read-only: any number of threads and requests may use it at once. A synthesis
@@ -20,7 +22,12 @@ pub struct QttsVoice {
 }
 
 fn voice_err(e: VoiceError) -> (i32, String) {
-    (QTTS_ERR_VOICE, e.to_string())
+    let code = match e {
+        // A name that is no voice at all is a request's error, as an unknown speaker is.
+        VoiceError::UnknownName { .. } => QTTS_ERR_REQUEST,
+        _ => QTTS_ERR_VOICE,
+    };
+    (code, e.to_string())
 }
 
 fn store(dir: Option<String>) -> VoiceStore {
@@ -39,6 +46,18 @@ pub(crate) fn speaking(
     language: Option<String>,
 ) -> Result<Voice, (i32, String)> {
     qtts::voice::speaking_voice(&mmproj(engine)?, &v.inner, language).map_err(voice_err)
+}
+
+/// The voice `name` means ([`QttsRequest::voice`](crate::QttsRequest::voice)): the model's
+/// speaker, else a voice saved under that name in the default voices folder.
+pub(crate) fn named(
+    engine: &QttsEngine,
+    name: &str,
+    language: Option<String>,
+) -> Result<Voice, (i32, String)> {
+    store(None)
+        .named(engine.worker.info(), &engine.files.mmproj, name, language)
+        .map_err(voice_err)
 }
 
 /// Clears `*out`, checks `engine`, and writes the voice `make` returns to `*out`; a status.
@@ -89,6 +108,50 @@ pub unsafe extern "C" fn qtts_voice_clone(
         let (path, text) = unsafe { (opt_str(audio_path, "audio_path")?, opt_str(text, "text")?) };
         let path = path.ok_or_else(|| invalid("audio_path: expected a file's path, found NULL"))?;
         let samples = qtts::voice::audio_in::load_reference(path.as_ref())
+            .map_err(|e| (QTTS_ERR_VOICE, e.to_string()))?;
+        engine
+            .cloner
+            .clone_voice(&samples, text.as_deref())
+            .map_err(voice_err)
+    };
+    // SAFETY: by this function's contract, which `new_voice` states.
+    unsafe { new_voice(engine, out, make) }
+}
+
+/// Clones the voice in `count` samples at `samples` (mono f32 in [-1, 1], 1 to 30 s) recorded at
+/// `sample_rate` Hz (8000 to 192000), as [`qtts_voice_clone`] does a file: 24000 is taken as is;
+/// another rate is resampled when the library was built with the `resample` feature, else
+/// refused. Returns a
+/// status ([`QTTS_ERR_VOICE`]: the samples cannot be used, or the model is not a Base model).
+///
+/// # Safety
+/// `engine` is a live engine; `samples` points to `count` readable floats; `text` is null or
+/// NUL-terminated; `out` points to a writable pointer.
+#[no_mangle]
+pub unsafe extern "C" fn qtts_voice_clone_samples(
+    engine: *const QttsEngine,
+    samples: *const f32,
+    count: usize,
+    sample_rate: u32,
+    text: *const c_char,
+    out: *mut *mut QttsVoice,
+) -> i32 {
+    let make = |engine: &QttsEngine| {
+        if samples.is_null() || count == 0 {
+            return Err(invalid(format!(
+                "samples: expected at least 1 sample, found {} of {count}",
+                if samples.is_null() {
+                    "NULL"
+                } else {
+                    "a buffer"
+                }
+            )));
+        }
+        // SAFETY: string null or NUL-terminated by the contract.
+        let text = unsafe { opt_str(text, "text")? };
+        // SAFETY: `count` readable floats by the contract.
+        let samples = unsafe { std::slice::from_raw_parts(samples, count) };
+        let samples = qtts::voice::audio_in::reference_from_samples(samples, sample_rate)
             .map_err(|e| (QTTS_ERR_VOICE, e.to_string()))?;
         engine
             .cloner

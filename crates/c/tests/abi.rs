@@ -1,7 +1,13 @@
 //! The C ABI called as C calls it: the audio read through `qtts_read` in any buffer size equals
 //! the engine's; bad arguments are statuses with messages, never a crash; a full queue is busy;
-//! cancel from another thread ends a blocked read.
+//! cancel from another thread ends a blocked read; the structs of every header version are
+//! written only up to their size; the shared table of requests gives what every face gives.
 
+#[allow(dead_code)]
+#[path = "../../../tests/it/cases.rs"]
+mod cases;
+
+use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
 use std::ptr::{null, null_mut};
 use std::sync::OnceLock;
@@ -31,14 +37,25 @@ fn last_error() -> String {
         .to_owned()
 }
 
-fn load(queue: u32) -> *mut QttsEngine {
+/// This header's options with their defaults, as its inline `qtts_options_init` fills them.
+fn options() -> QttsOptions {
     let mut opts = std::mem::MaybeUninit::<QttsOptions>::uninit();
-    // SAFETY: a writable struct.
-    assert_eq!(unsafe { qtts_options_init(opts.as_mut_ptr()) }, QTTS_OK);
-    // SAFETY: initialized just above.
-    let mut opts = unsafe { opts.assume_init() };
+    let size = std::mem::size_of::<QttsOptions>();
+    // SAFETY: a writable struct of `size` bytes, then initialized.
+    unsafe {
+        assert_eq!(qtts_options_defaults(opts.as_mut_ptr(), size), QTTS_OK);
+        opts.assume_init()
+    }
+}
+
+/// The built-in model's name.
+const BUILTIN: &CStr = c"builtin";
+
+fn load(queue: u32) -> *mut QttsEngine {
+    let mut opts = options();
+    opts.model = BUILTIN.as_ptr();
     opts.cache_dir = cache().1.as_ptr();
-    opts.threads = 2;
+    opts.cores = 2;
     opts.queue = queue;
     let mut engine = null_mut();
     // SAFETY: valid options and out pointer.
@@ -50,10 +67,12 @@ fn load(queue: u32) -> *mut QttsEngine {
 
 fn request(text: &CStr, frames: u32) -> QttsRequest {
     let mut r = std::mem::MaybeUninit::<QttsRequest>::uninit();
-    // SAFETY: a writable struct.
-    assert_eq!(unsafe { qtts_request_init(r.as_mut_ptr()) }, QTTS_OK);
-    // SAFETY: initialized just above.
-    let mut r = unsafe { r.assume_init() };
+    let size = std::mem::size_of::<QttsRequest>();
+    // SAFETY: a writable struct of `size` bytes, then initialized.
+    let mut r = unsafe {
+        assert_eq!(qtts_request_defaults(r.as_mut_ptr(), size), QTTS_OK);
+        r.assume_init()
+    };
     r.text = text.as_ptr();
     r.seed = 7;
     r.max_frames = frames;
@@ -72,6 +91,22 @@ fn start(engine: *mut QttsEngine, req: &QttsRequest) -> Result<*mut QttsSynthesi
     // SAFETY: a live engine, a valid request and out pointer.
     match unsafe { qtts_synthesize(engine, req, &mut s) } {
         QTTS_OK => Ok(s),
+        e => Err(e),
+    }
+}
+
+/// The summary of `s` at its end, as this header's inline `qtts_synthesis_summary` gets it.
+fn summary(s: *const QttsSynthesis) -> Result<QttsSummary, i32> {
+    let mut sum = QttsSummary {
+        size: std::mem::size_of::<QttsSummary>(),
+        ..QttsSummary::default()
+    };
+    // SAFETY: a live synthesis; a writable summary of its size.
+    match unsafe { qtts_synthesis_summary_sized(s, &mut sum) } {
+        QTTS_OK => {
+            assert_eq!(sum.size, std::mem::size_of::<QttsSummary>());
+            Ok(sum)
+        }
         e => Err(e),
     }
 }
@@ -114,10 +149,10 @@ fn audio_read_in_any_buffer_equals_the_engines() {
     };
     req.seed = 7;
     req.max_frames = Some(12);
-    let (summary, sink) = engine
+    let (done, sink) = engine
         .synthesize(req, Box::new(MemorySink::default()))
         .wait();
-    let frames = summary.unwrap().frames;
+    let frames = done.unwrap().frames;
     let want = downcast_sink::<MemorySink>(sink).unwrap().samples;
     drop(engine);
     assert!(!want.is_empty());
@@ -140,12 +175,9 @@ fn audio_read_in_any_buffer_equals_the_engines() {
             got == want,
             "buffer of {cap}: audio differs from the engine's"
         );
-        let mut sum = QttsSummary::default();
-        // SAFETY: a live synthesis at its end, a writable summary.
-        unsafe {
-            assert_eq!(qtts_synthesis_summary(s, &mut sum), QTTS_OK);
-            qtts_synthesis_free(s);
-        }
+        let sum = summary(s).unwrap();
+        // SAFETY: a live synthesis, freed once.
+        unsafe { qtts_synthesis_free(s) };
         assert_eq!(sum.frames as usize, frames);
         assert_eq!(sum.samples as usize, want.len());
         assert_eq!(sum.cancelled, 0);
@@ -191,20 +223,16 @@ fn bad_arguments_are_statuses_with_messages() {
         assert_eq!(qtts_synthesize(e, &r, &mut s), QTTS_ERR_INVALID_ARGUMENT);
         assert!(last_error().contains("size"), "{}", last_error());
         assert!(s.is_null());
-        // An unknown voice: the request starts, its read answers the error.
-        let mut r = request(&text, 0);
-        let voice = CString::new("nobody-by-this-name").unwrap();
-        r.voice = voice.as_ptr();
-        let s = start(e, &r).unwrap();
-        let (audio, end) = read_all(s, 1024);
-        assert_eq!((audio.len(), end), (0, i64::from(QTTS_ERR_REQUEST)));
-        assert!(
-            last_error().contains("nobody-by-this-name"),
-            "{}",
-            last_error()
+        // A summary before the end.
+        let s = start(e, &fixed(&text, 2)).unwrap();
+        assert_eq!(summary(s).unwrap_err(), QTTS_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("still running"), "{}", last_error());
+        assert_eq!(
+            qtts_synthesis_summary_sized(s, null_mut()),
+            QTTS_ERR_INVALID_ARGUMENT
         );
-        let mut sum = QttsSummary::default();
-        assert_eq!(qtts_synthesis_summary(s, &mut sum), QTTS_ERR_REQUEST);
+        // Read to its end, so that the queue of 1 has room for the next.
+        assert_eq!(read_all(s, 4096).1, 0);
         qtts_synthesis_free(s);
         // Reads with no room.
         let s = start(e, &request(&text, 2)).unwrap();
@@ -228,6 +256,17 @@ fn bad_arguments_are_statuses_with_messages() {
         qtts_engine_free(null_mut());
         assert_eq!(qtts_options_init(null_mut()), QTTS_ERR_INVALID_ARGUMENT);
         assert_eq!(qtts_request_init(null_mut()), QTTS_ERR_INVALID_ARGUMENT);
+        assert_eq!(
+            qtts_options_defaults(null_mut(), 64),
+            QTTS_ERR_INVALID_ARGUMENT
+        );
+        let mut small = [0u8; 16];
+        assert_eq!(
+            qtts_request_defaults(small.as_mut_ptr().cast(), small.len()),
+            QTTS_ERR_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("found 16"), "{}", last_error());
+        assert_eq!(small, [0; 16], "nothing written into a struct too small");
     }
 }
 
@@ -235,12 +274,17 @@ fn bad_arguments_are_statuses_with_messages() {
 fn a_missing_model_is_a_model_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = CString::new(dir.path().join("nothing-here").to_str().unwrap()).unwrap();
-    let mut opts = std::mem::MaybeUninit::<QttsOptions>::uninit();
     let mut e = null_mut();
     // SAFETY: valid pointers.
     unsafe {
-        qtts_options_init(opts.as_mut_ptr());
-        let mut opts = opts.assume_init();
+        let mut opts = options();
+        // No model: no look in the working directory, no built-in model unless named.
+        assert_eq!(qtts_engine_load(&opts, &mut e), QTTS_ERR_MODEL);
+        assert!(
+            last_error().contains("builtin") && last_error().contains("none given"),
+            "{}",
+            last_error()
+        );
         opts.model = path.as_ptr();
         assert_eq!(qtts_engine_load(&opts, &mut e), QTTS_ERR_MODEL);
         assert!(last_error().contains("nothing-here"), "{}", last_error());
@@ -280,16 +324,16 @@ fn a_full_queue_is_busy_and_cancel_ends_a_blocked_read() {
     let n = unsafe { qtts_read(queued, buf.as_mut_ptr(), buf.len(), -1) };
     assert_eq!(canceller.join().unwrap(), QTTS_OK);
     assert_eq!(n, 0);
-    let mut sum = QttsSummary::default();
     // SAFETY: live handles; the engine is freed last.
     unsafe {
-        assert_eq!(qtts_synthesis_summary(queued, &mut sum), QTTS_OK);
+        let sum = summary(queued).unwrap();
         assert_eq!((sum.frames, sum.cancelled), (0, 1));
+        assert_eq!((sum.stop, sum.ttfa_ms), (QTTS_STOP_CANCELLED, -1.0));
         assert_eq!(qtts_cancel(running), QTTS_OK);
         let (_, end) = read_all(running, 4096);
         assert_eq!(end, 0);
-        assert_eq!(qtts_synthesis_summary(running, &mut sum), QTTS_OK);
-        assert_eq!(sum.cancelled, 1);
+        let sum = summary(running).unwrap();
+        assert_eq!((sum.cancelled, sum.stop), (1, QTTS_STOP_CANCELLED));
         assert!(sum.frames < 200);
         qtts_synthesis_free(queued);
         qtts_synthesis_free(running);
@@ -313,15 +357,10 @@ fn freeing_the_engine_ends_its_syntheses() {
 
 /// Loads the model at `dir` (any path `qtts_engine_load` takes).
 fn load_model(dir: &CStr) -> *mut QttsEngine {
-    let mut opts = std::mem::MaybeUninit::<QttsOptions>::uninit();
-    // SAFETY: a writable struct, then initialized.
-    let mut opts = unsafe {
-        assert_eq!(qtts_options_init(opts.as_mut_ptr()), QTTS_OK);
-        opts.assume_init()
-    };
+    let mut opts = options();
     opts.model = dir.as_ptr();
     opts.cache_dir = cache().1.as_ptr();
-    opts.threads = 2;
+    opts.cores = 2;
     let mut engine = null_mut();
     // SAFETY: valid options and out pointer.
     let status = unsafe { qtts_engine_load(&opts, &mut engine) };
@@ -423,6 +462,46 @@ fn a_cloned_voice_is_saved_loaded_and_spoken() {
             speak(base, x).unwrap() != spoken,
             "x-vector only is another voice"
         );
+        // The same recording as samples with their rate: the same voice.
+        let pcm: Vec<f32> = hound::WavReader::open(tmp.path().join("ref.wav"))
+            .unwrap()
+            .samples::<i16>()
+            .map(|x| f32::from(x.unwrap()) / 32768.0)
+            .collect();
+        let mut from_samples = null_mut();
+        assert_eq!(
+            qtts_voice_clone_samples(
+                base,
+                pcm.as_ptr(),
+                pcm.len(),
+                24_000,
+                said.as_ptr(),
+                &mut from_samples
+            ),
+            QTTS_OK,
+            "{}",
+            last_error()
+        );
+        assert!(
+            speak(base, from_samples).unwrap() == spoken,
+            "samples and file, the same voice"
+        );
+        qtts_voice_free(from_samples);
+        let mut none = null_mut();
+        assert_eq!(
+            qtts_voice_clone_samples(base, pcm.as_ptr(), pcm.len(), 0, null(), &mut none),
+            QTTS_ERR_VOICE
+        );
+        assert!(last_error().contains("rate"), "{}", last_error());
+        assert_eq!(
+            qtts_voice_clone_samples(base, pcm.as_ptr(), 2400, 24_000, null(), &mut none),
+            QTTS_ERR_VOICE
+        );
+        assert_eq!(
+            qtts_voice_clone_samples(base, null(), 10, 24_000, null(), &mut none),
+            QTTS_ERR_INVALID_ARGUMENT
+        );
+        assert!(none.is_null());
 
         // Bad input: statuses with messages, NULL left in `out`.
         let junk = tmp.path().join("notes.wav");
@@ -488,4 +567,167 @@ fn a_cloned_voice_is_saved_loaded_and_spoken() {
         }
         qtts_engine_free(base);
     }
+}
+
+/// Version 1's exported functions write version 1's structs and nothing past them; the sized
+/// functions fill what the caller declares, zeroing bytes past this library's struct; a summary
+/// declared smaller than its first sized version is refused untouched.
+#[test]
+fn every_struct_is_written_up_to_the_callers_size_only() {
+    const GUARD: u8 = 0xAA;
+    let mut buf = [GUARD; 256];
+    // SAFETY: 256 writable bytes, more than any version's struct.
+    unsafe {
+        assert_eq!(qtts_options_init(buf.as_mut_ptr().cast()), QTTS_OK);
+        let v1 = std::mem::size_of::<OptionsV1>();
+        assert_eq!(std::ptr::read_unaligned(buf.as_ptr().cast::<usize>()), v1);
+        assert!(buf[v1..].iter().all(|&b| b == GUARD), "options past {v1}");
+        buf.fill(GUARD);
+        assert_eq!(qtts_request_init(buf.as_mut_ptr().cast()), QTTS_OK);
+        let v1 = std::mem::size_of::<RequestV1>();
+        assert_eq!(std::ptr::read_unaligned(buf.as_ptr().cast::<usize>()), v1);
+        assert!(buf[v1..].iter().all(|&b| b == GUARD), "request past {v1}");
+        let r = std::ptr::read_unaligned(buf.as_ptr().cast::<RequestV1>());
+        assert!(r.text.is_null() && r.voice.is_null() && r.seed == 0 && r.max_frames == 0);
+
+        // A newer caller's larger struct: this library's fields, then zeros up to its size.
+        for (size, own) in [
+            (200usize, std::mem::size_of::<QttsRequest>()),
+            (
+                std::mem::size_of::<QttsRequest>(),
+                std::mem::size_of::<QttsRequest>(),
+            ),
+        ] {
+            buf.fill(GUARD);
+            assert_eq!(
+                qtts_request_defaults(buf.as_mut_ptr().cast(), size),
+                QTTS_OK
+            );
+            assert_eq!(std::ptr::read_unaligned(buf.as_ptr().cast::<usize>()), size);
+            assert!(
+                buf[own..size].iter().all(|&b| b == 0),
+                "zeroed up to {size}"
+            );
+            assert!(
+                buf[size..].iter().all(|&b| b == GUARD),
+                "request past {size}"
+            );
+            let r = std::ptr::read_unaligned(buf.as_ptr().cast::<QttsRequest>());
+            assert_eq!((r.temperature, r.top_k, r.top_p), (-1.0, -1, -1.0));
+        }
+        buf.fill(GUARD);
+        assert_eq!(qtts_options_defaults(buf.as_mut_ptr().cast(), 100), QTTS_OK);
+        assert!(buf[100..].iter().all(|&b| b == GUARD));
+        let o = std::ptr::read_unaligned(buf.as_ptr().cast::<QttsOptions>());
+        assert!(o.model.is_null() && o.cores == 0 && o.queue == 0);
+    }
+
+    // The summary: a version-1 caller's, a smaller sized one (refused), a larger one.
+    let e = load(1);
+    let text = CString::new("Sizes.").unwrap();
+    let s = start(e, &fixed(&text, 2)).unwrap();
+    assert_eq!(read_all(s, 4096).1, 0);
+    // SAFETY: a live synthesis; buffers of the sizes declared; freed once.
+    unsafe {
+        buf.fill(GUARD);
+        assert_eq!(qtts_synthesis_summary(s, buf.as_mut_ptr().cast()), QTTS_OK);
+        let v1 = std::mem::size_of::<SummaryV1>();
+        assert!(buf[v1..].iter().all(|&b| b == GUARD), "summary past {v1}");
+        let old = std::ptr::read_unaligned(buf.as_ptr().cast::<SummaryV1>());
+        assert_eq!((old.frames, old.samples, old.cancelled), (2, 2 * 1920, 0));
+
+        buf.fill(GUARD);
+        std::ptr::write_unaligned(buf.as_mut_ptr().cast::<usize>(), 16);
+        assert_eq!(
+            qtts_synthesis_summary_sized(s, buf.as_mut_ptr().cast()),
+            QTTS_ERR_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("found 16"), "{}", last_error());
+        assert!(
+            buf[8..].iter().all(|&b| b == GUARD),
+            "a refused summary is untouched"
+        );
+
+        buf.fill(GUARD);
+        std::ptr::write_unaligned(buf.as_mut_ptr().cast::<usize>(), 96);
+        assert_eq!(
+            qtts_synthesis_summary_sized(s, buf.as_mut_ptr().cast()),
+            QTTS_OK
+        );
+        let own = std::mem::size_of::<QttsSummary>();
+        let sum = std::ptr::read_unaligned(buf.as_ptr().cast::<QttsSummary>());
+        assert_eq!(sum.size, own, "the bytes filled");
+        assert_eq!((sum.frames, sum.stop), (2, QTTS_STOP_FRAME_CAP));
+        assert!(buf[own..96].iter().all(|&b| b == 0) && buf[96..].iter().all(|&b| b == GUARD));
+        qtts_synthesis_free(s);
+        qtts_engine_free(e);
+    }
+}
+
+/// The shared table (`tests/fixtures/surfaces/cases.json`) through the C ABI.
+#[test]
+fn the_shared_table_through_the_c_abi() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let table = cases::cases(&root);
+    let e = load(2);
+    let cstr = |s: &Option<String>| s.as_deref().map(|s| CString::new(s).unwrap());
+    let mut outcomes = HashMap::new();
+    for case in &table {
+        let text = CString::new(case.text.as_str()).unwrap();
+        let (voice, language) = (cstr(&case.voice), cstr(&case.language));
+        let mut r = fixed(&text, case.frames as u32);
+        r.seed = 0;
+        r.voice = voice.as_ref().map_or(null(), |v| v.as_ptr());
+        r.language = language.as_ref().map_or(null(), |v| v.as_ptr());
+        // Unset: negative, the model's setting.
+        r.temperature = cases::number(&case.temperature).unwrap_or(-1.0);
+        r.top_k = cases::number(&case.top_k).unwrap_or(-1);
+        r.top_p = cases::number(&case.top_p).unwrap_or(-1.0);
+        r.repetition_penalty = cases::number(&case.repetition_penalty).unwrap_or(-1.0);
+        let outcome = match start(e, &r) {
+            Err(code) => cases::Outcome::Error {
+                kind: if code == QTTS_ERR_REQUEST {
+                    "request".into()
+                } else {
+                    format!("status {code}")
+                },
+                message: last_error(),
+            },
+            Ok(s) => {
+                let mut samples = Vec::new();
+                let mut buf = vec![0f32; 4096];
+                // SAFETY: a live synthesis, freed once below.
+                unsafe {
+                    loop {
+                        let n = qtts_read(s, buf.as_mut_ptr(), buf.len(), 60_000);
+                        assert!(n >= 0, "{}: {}", case.name, last_error());
+                        if n == 0 {
+                            break;
+                        }
+                        samples.extend_from_slice(&buf[..n as usize]);
+                        if case.cancel {
+                            assert_eq!(qtts_cancel(s), QTTS_OK);
+                        }
+                    }
+                    let sum = summary(s).unwrap();
+                    qtts_synthesis_free(s);
+                    assert_eq!(sum.cancelled == 1, sum.stop == QTTS_STOP_CANCELLED);
+                    cases::Outcome::Audio {
+                        samples,
+                        stop: match sum.stop {
+                            QTTS_STOP_EOS => "eos",
+                            QTTS_STOP_FRAME_CAP => "frame_cap",
+                            QTTS_STOP_CANCELLED => "cancelled",
+                            other => panic!("stop {other}"),
+                        }
+                        .into(),
+                    }
+                }
+            }
+        };
+        outcomes.insert(case.name.clone(), outcome);
+    }
+    // SAFETY: no synthesis left.
+    unsafe { qtts_engine_free(e) };
+    cases::check("c", &table, &outcomes);
 }

@@ -59,12 +59,17 @@ enum Command {
     Synth {
         #[command(flatten)]
         args: SpeakArgs,
-        /// The WAV file to write.
+        /// The WAV file to write; `-`: standard output, written as the audio is made (`| aplay`,
+        /// `| ffplay -`), its WAV header's lengths left unknown as on any pipe.
         #[arg(long)]
         out: PathBuf,
         /// Sample format of the file.
         #[arg(long, value_enum, default_value = "f32")]
         sample_format: qtts::audio::SampleFormat,
+        /// Raw samples without a WAV header (24 kHz mono, little-endian, --sample-format): e.g.
+        /// `--out - --raw --sample-format s16 | aplay -f S16_LE -r 24000`.
+        #[arg(long)]
+        raw: bool,
     },
     /// Convert an official Hugging Face checkpoint directory into the GGUF pair
     /// (talker-<type>.gguf and mmproj-<type>.gguf, llama.cpp's Qwen3-TTS layout).
@@ -186,7 +191,8 @@ pub(crate) struct SpeakArgs {
     /// string, comma- or space-separated, instead of text.
     #[arg(long)]
     token_ids: Option<String>,
-    /// Speaker (CustomVoice models; default: vivian, or the model's first).
+    /// Speaker (CustomVoice models; default: vivian, or the model's first). `--voice` takes a
+    /// speaker's name too.
     #[arg(long)]
     speaker: Option<String>,
     /// Language, or auto.
@@ -198,7 +204,8 @@ pub(crate) struct SpeakArgs {
     /// Speaker x-vector for Base models: a file of little-endian f32 values (hidden size).
     #[arg(long)]
     xvector: Option<PathBuf>,
-    /// A saved voice (`qtts voice add`) to speak with (Base models).
+    /// A voice by name, as the C ABI, Python and the server take it: a speaker of the model (any
+    /// case), else a voice saved with `qtts voice add` (Base models).
     #[arg(long)]
     voice: Option<String>,
     /// Clone the voice of this recording for this run (Base models; WAV, FLAC, MP3, Ogg/Vorbis,
@@ -220,9 +227,24 @@ pub(crate) struct SpeakArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Codebook-0 sampling temperature (0: greedy); default: the model's.
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Keep the k most likely codes (0: all); default: the model's.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Keep the most likely codes up to this probability, in (0, 1]; default: the model's.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Repetition penalty over codebook 0, above 0 (1: none); default: the model's.
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
     /// Frame cap per utterance (80 ms each); default: scaled to the text.
     #[arg(long)]
     max_frames: Option<usize>,
+    /// Frames each utterance speaks at least (end-of-speech is not sampled before); default: 2.
+    #[arg(long)]
+    min_frames: Option<usize>,
     /// Write every frame's 16 codes as JSON (`[[c0, .., c15], ...]`).
     #[arg(long)]
     codes_out: Option<PathBuf>,
@@ -363,14 +385,25 @@ fn requests(
         voice,
         mode: args.text_mode,
         sampling: None,
+        overrides: qtts::sampling::SamplingOverrides {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+        },
         code_predictor_sampling: None,
-        repetition_penalty: None,
+        repetition_penalty: args.repetition_penalty,
         seed: args.seed,
         max_frames: args.max_frames,
         frame_limit: None,
-        min_frames: qtts::talker::MIN_FRAMES,
+        min_frames: args.min_frames.map_or(qtts::talker::MIN_FRAMES, |m| {
+            m.max(qtts::talker::MIN_FRAMES)
+        }),
         keep_codes: args.codes_out.is_some(),
     };
+    anyhow::ensure!(
+        !args.greedy || base.overrides.is_empty(),
+        "--greedy sets the sampling: give it or --temperature/--top-k/--top-p, not both"
+    );
     let base = if args.greedy { base.greedy() } else { base };
     if let Some(ids) = &args.token_ids {
         anyhow::ensure!(args.text.is_none(), "give text or --token-ids, not both");
@@ -407,7 +440,6 @@ fn engine_for(
 ) -> anyhow::Result<(qtts::engine::Engine, Option<qtts::talker::Voice>)> {
     use qtts::engine::{Engine, EngineConfig, ThreadPlan};
     let model = pick_model(args.model.as_deref(), args.exact)?;
-    let cloned = voice_cli::requested_voice(args, &model.files)?;
     let config = EngineConfig {
         plan: {
             let n = args.cores.unwrap_or_else(ThreadPlan::available_cores);
@@ -422,6 +454,7 @@ fn engine_for(
         ..EngineConfig::default()
     };
     let engine = Engine::load(&model.files, config).context("loading the engine")?;
+    let cloned = voice_cli::requested_voice(args, &model.files, engine.info())?;
     Ok((engine, cloned))
 }
 
@@ -451,6 +484,8 @@ fn run_all(
     );
     for req in requests(args, &info, cloned)? {
         let req = req?;
+        // Refused before anything runs, as every surface refuses it.
+        info.check(&req)?;
         let mut s = engine.synthesize(req, sink);
         let finished = loop {
             match s.wait_timeout(std::time::Duration::from_millis(100)) {
@@ -474,7 +509,7 @@ fn run_all(
                 "text": seg.text,
                 "tokens": seg.tokens,
                 "frames": seg.frames,
-                "stop": format!("{:?}", seg.stop),
+                "stop": seg.stop.name(),
                 "cut": seg.cut.map(|c| format!("{c:?}")),
             }));
         }
@@ -561,8 +596,33 @@ fn synth(
     args: &SpeakArgs,
     out: &std::path::Path,
     format: qtts::audio::SampleFormat,
+    raw: bool,
 ) -> anyhow::Result<()> {
+    use qtts::audio::{StreamHeader, StreamSink};
     let (mut engine, cloned) = engine_for(args)?;
+    let header = if raw {
+        StreamHeader::Raw
+    } else {
+        StreamHeader::Wav
+    };
+    if out == std::path::Path::new("-") || raw {
+        let (writer, name): (Box<dyn std::io::Write + Send>, String) =
+            if out == std::path::Path::new("-") {
+                (Box::new(std::io::stdout()), "standard output".into())
+            } else {
+                let f = std::fs::File::create(out)
+                    .with_context(|| format!("creating {}", out.display()))?;
+                (Box::new(f), out.display().to_string())
+            };
+        let sink = StreamSink::new(writer, format, header);
+        let sink = run_all(args, &mut engine, cloned, Box::new(sink), "wrote")?;
+        let sink: StreamSink = qtts::engine::downcast_sink(sink)
+            .context("the output sink did not come back from the engine")?;
+        let n = sink.samples();
+        sink.finish()?;
+        eprintln!("qtts: {name} ({:.2} s)", n as f64 / 24_000.0);
+        return Ok(());
+    }
     let wav = qtts::audio::WavSink::create(out, format)
         .with_context(|| format!("creating {}", out.display()))?;
     let sink = run_all(args, &mut engine, cloned, Box::new(wav), "wrote")?;
@@ -639,7 +699,7 @@ fn main() -> anyhow::Result<()> {
             args,
             out: Some(out),
             ..
-        } => synth(&args, &out, qtts::audio::SampleFormat::F32)?,
+        } => synth(&args, &out, qtts::audio::SampleFormat::F32, false)?,
         Command::Speak {
             args,
             prebuffer_ms,
@@ -650,7 +710,8 @@ fn main() -> anyhow::Result<()> {
             args,
             out,
             sample_format,
-        } => synth(&args, &out, sample_format)?,
+            raw,
+        } => synth(&args, &out, sample_format, raw)?,
         Command::Cache { action } => cache(&action)?,
         Command::Voice { action } => voice_cli::run(&action)?,
         Command::Convert {

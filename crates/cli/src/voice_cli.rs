@@ -121,10 +121,13 @@ pub fn run(action: &VoiceAction) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The voice `speak`/`synth` asked for with `--voice` or `--ref-audio`, for the model `files`.
+/// The voice `speak`/`synth` asked for with `--voice` or `--ref-audio`, for the model `files`
+/// described by `info`. `--voice NAME` is a speaker of the model, else a saved voice
+/// ([`VoiceStore::named`](qtts::voice::VoiceStore::named)), as on every surface.
 pub fn requested_voice(
     args: &crate::SpeakArgs,
     files: &ModelFiles,
+    info: &qtts::engine::EngineInfo,
 ) -> anyhow::Result<Option<Voice>> {
     let v = match (&args.voice, &args.ref_audio) {
         (None, None) => {
@@ -132,12 +135,38 @@ pub fn requested_voice(
             return Ok(None);
         }
         (Some(_), Some(_)) => anyhow::bail!("give --voice or --ref-audio, not both"),
-        (Some(name), None) => store(args.voices.as_deref()).get(name)?,
+        (Some(name), None) => {
+            anyhow::ensure!(
+                args.speaker.is_none(),
+                "give --voice or --speaker, not both (each names the voice)"
+            );
+            anyhow::ensure!(args.ref_text.is_none(), "--ref-text goes with --ref-audio");
+            let mut voice = store(args.voices.as_deref()).named(
+                info,
+                &files.mmproj,
+                name,
+                args.language.clone(),
+            )?;
+            if voice.speaker.is_some() {
+                // A speaker of the model: as --speaker.
+                anyhow::ensure!(
+                    args.xvector.is_none(),
+                    "--voice {name} is a speaker of the model: it takes no --xvector"
+                );
+                voice.instruct = args.instruct.clone();
+                return Ok(Some(voice));
+            }
+            anyhow::ensure!(
+                args.xvector.is_none() && args.instruct.is_none(),
+                "a saved voice (--voice {name}) takes no --xvector or --instruct"
+            );
+            return Ok(Some(voice));
+        }
         (None, Some(audio)) => clone_from(files, audio, args.ref_text.as_deref())?,
     };
     anyhow::ensure!(
         args.speaker.is_none() && args.xvector.is_none() && args.instruct.is_none(),
-        "a cloned voice (--voice, --ref-audio) takes no --speaker, --xvector or --instruct"
+        "a cloned voice (--ref-audio) takes no --speaker, --xvector or --instruct"
     );
     let mmproj = qtts::gguf::GgufFile::open(&files.mmproj)?;
     Ok(Some(speaking_voice(&mmproj, &v, args.language.clone())?))

@@ -10,17 +10,22 @@
 //!   the model), `qtts.BusyError` (queue full), `qtts.VoiceError` (a reference recording or a
 //!   saved voice that cannot be used), all `qtts.QttsError`, each with the Rust error's text;
 //!   wrong argument types are `TypeError`, as for any Python function.
-//! - Cloning (Base models): `Engine.clone_voice` encodes a recording into a `ClonedVoice`, which
-//!   `save` stores where `qtts voice` keeps voices and `Engine.load_voice` reads back; any of them
-//!   is a `voice=` for `synthesize` and `stream`.
+//! - Requests are checked when they are made: an unknown voice or language, empty text or a
+//!   sampling setting out of range raises `RequestError` at once, before anything is queued.
+//! - `voice=` means what it means in C, the command and the server: a speaker of the model (any
+//!   case), else a voice saved under that name (`qtts voice add`, `ClonedVoice.save`); or a
+//!   `ClonedVoice`. No voice: the model's default speaker.
+//! - Cloning (Base models): `Engine.clone_voice` encodes a recording (a file, or samples with
+//!   their rate) into a `ClonedVoice`, which `save` stores where `qtts voice` keeps voices and
+//!   `Engine.load_voice` reads back.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use numpy::{IntoPyArray, PyArray1};
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyRuntimeError};
+use pyo3::exceptions::{PyDeprecationWarning, PyException, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -28,6 +33,7 @@ use qtts::engine::{
     Canceller, EngineConfig, EngineError, EngineInfo, Job, Request, Summary, ThreadPlan, Worker,
 };
 use qtts::model::ModelFiles;
+use qtts::sampling::SamplingOverrides;
 use qtts::talker::{StopReason, Voice};
 use qtts::voice::{SharedCloner, VoiceStore};
 
@@ -70,14 +76,20 @@ fn to_py(e: EngineError) -> PyErr {
     let text = e.to_string();
     match e {
         EngineError::Model(_) => ModelError::new_err(text),
-        EngineError::Talker(_) | EngineError::EmptyText => RequestError::new_err(text),
+        EngineError::Talker(_) | EngineError::EmptyText | EngineError::Sampling(_) => {
+            RequestError::new_err(text)
+        }
         EngineError::Busy { .. } => BusyError::new_err(text),
         _ => QttsError::new_err(text),
     }
 }
 
 fn voice_err(e: qtts::voice::VoiceError) -> PyErr {
-    VoiceError::new_err(e.to_string())
+    match e {
+        // A name that is no voice at all is a bad request, as in C and the server.
+        qtts::voice::VoiceError::UnknownName { .. } => RequestError::new_err(e.to_string()),
+        _ => VoiceError::new_err(e.to_string()),
+    }
 }
 
 fn summary_dict<'py>(py: Python<'py>, s: &Summary) -> PyResult<Bound<'py, PyDict>> {
@@ -85,6 +97,7 @@ fn summary_dict<'py>(py: Python<'py>, s: &Summary) -> PyResult<Bound<'py, PyDict
     d.set_item("frames", s.frames)?;
     d.set_item("samples", s.samples)?;
     d.set_item("cancelled", s.stop == StopReason::Cancelled)?;
+    d.set_item("stop", s.stop.name())?;
     d.set_item("ttfa_ms", s.ttfa.map(|t| t.as_secs_f64() * 1e3))?;
     d.set_item("rtf", s.rtf())?;
     Ok(d)
@@ -108,11 +121,12 @@ fn next_chunk(py: Python<'_>, job: &mut Job) -> PyResult<Option<Vec<f32>>> {
 
 /// A model loaded on its own thread.
 ///
-/// `Engine(model=None, *, threads=0, queue=8, cache_dir=None)`: `model` is a directory with a
-/// converted GGUF pair, a talker GGUF, or an official checkpoint directory (converted once into
-/// the cache); `None` takes the best model under `./models`, else the built-in test model
-/// (noise, not speech: see `builtin`). `threads`: cores to use (0: all). `queue`: syntheses that
-/// may wait behind the running one before `BusyError`.
+/// `Engine(model, *, cores=0, queue=0, cache_dir=None)`: `model` is a directory with a
+/// converted GGUF pair, a talker GGUF, an official checkpoint directory (converted once into
+/// the cache), or `"builtin"` for the built-in test model (noise, not speech); without one,
+/// `ModelError` says what to give (`qtts pull` fetches a model). `cores`: cores to use (0: all
+/// this process may use). `queue`: syntheses that may wait behind the running one before
+/// `BusyError` (0: 8).
 #[pyclass(module = "qtts", frozen)]
 struct Engine {
     worker: Mutex<Option<Worker>>,
@@ -124,11 +138,28 @@ struct Engine {
     cloner: SharedCloner,
 }
 
-/// `voice=`: a speaker's name or a cloned voice.
+/// `voice=`: a voice's name (a speaker, else a saved voice) or a cloned voice.
 #[derive(FromPyObject)]
 enum VoiceArg {
     Cloned(Py<ClonedVoice>),
-    Speaker(String),
+    Name(String),
+}
+
+/// The sampling keywords of `synthesize` and `stream`; `None` keeps the model's setting.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sampling {
+    temperature: Option<f32>,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+}
+
+/// `clone_voice`'s `audio`: a recording's path, or its samples (with `sample_rate`).
+#[derive(FromPyObject)]
+enum AudioArg<'py> {
+    Path(PathBuf),
+    Array(PyReadonlyArray1<'py, f32>),
+    Samples(Vec<f32>),
 }
 
 impl Engine {
@@ -150,6 +181,7 @@ impl Engine {
         seed: u64,
         max_frames: Option<usize>,
         min_frames: Option<usize>,
+        sampling: Sampling,
     ) -> PyResult<Request> {
         let mut req = Request::text(text);
         req.voice = match voice {
@@ -163,10 +195,15 @@ impl Engine {
                     .map_err(|e| ModelError::new_err(e.to_string()))?;
                 qtts::voice::speaking_voice(&mmproj, &v.get().inner, language).map_err(voice_err)?
             }
-            speaker => Voice {
-                speaker: match speaker {
-                    Some(VoiceArg::Speaker(s)) => Some(s),
-                    _ => self.info.default_speaker().map(str::to_owned),
+            Some(VoiceArg::Name(name)) if instruct.is_none() => store(None)
+                .named(&self.info, &self.files.mmproj, &name, language)
+                .map_err(voice_err)?,
+            // An instruction goes with a speaker of the model (1.7B CustomVoice); no voice: the
+            // model's default speaker (given by the engine).
+            name => Voice {
+                speaker: match name {
+                    Some(VoiceArg::Name(s)) => Some(s),
+                    _ => None,
                 },
                 language,
                 instruct,
@@ -174,6 +211,12 @@ impl Engine {
                 reference: None,
             },
         };
+        req.overrides = SamplingOverrides {
+            temperature: sampling.temperature,
+            top_k: sampling.top_k,
+            top_p: sampling.top_p,
+        };
+        req.repetition_penalty = sampling.repetition_penalty;
         req.seed = seed;
         req.max_frames = max_frames;
         if let Some(m) = min_frames {
@@ -186,31 +229,38 @@ impl Engine {
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (model=None, *, threads=0, queue=8, cache_dir=None))]
+    #[pyo3(signature = (model=None, *, cores=0, queue=0, cache_dir=None, threads=None))]
     fn new(
         py: Python<'_>,
         model: Option<PathBuf>,
-        threads: usize,
+        cores: usize,
         queue: usize,
         cache_dir: Option<PathBuf>,
+        threads: Option<usize>,
     ) -> PyResult<Self> {
-        if queue == 0 {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "queue: expected at least 1, found 0",
-            ));
-        }
+        let cores = match threads {
+            Some(t) => {
+                PyErr::warn(
+                    py,
+                    &py.get_type::<PyDeprecationWarning>(),
+                    c"qtts.Engine: `threads=` is now `cores=`",
+                    1,
+                )?;
+                if cores == 0 {
+                    t
+                } else {
+                    cores
+                }
+            }
+            None => cores,
+        };
         py.detach(|| {
             let cache = cache_dir.unwrap_or_else(qtts::model::find::cache_dir);
-            let found = match &model {
-                Some(p) => {
-                    qtts::model::find::resolve(p, &cache, false, &mut |_| {}, &mut |_, _| {})
-                }
-                None => qtts::model::find::default_model("models".as_ref(), &cache),
-            }
-            .map_err(EngineError::Model)?;
+            let found =
+                qtts::model::find::named(model.as_deref(), &cache).map_err(EngineError::Model)?;
             let mut config = EngineConfig::default();
-            if threads > 0 {
-                config.plan = ThreadPlan::for_cores(threads);
+            if cores > 0 {
+                config.plan = ThreadPlan::default_for(cores);
             }
             let threads = config.plan.all_cores().len().max(1);
             let worker = Worker::load(&found.files, config, queue)?;
@@ -256,8 +306,11 @@ impl Engine {
         qtts::audio::SAMPLE_RATE
     }
 
-    /// Speaks `text`; returns the whole audio as a float32 numpy array (24 kHz mono).
-    #[pyo3(signature = (text, *, voice=None, language=None, instruct=None, seed=0, max_frames=None, min_frames=None))]
+    /// Speaks `text`; returns the whole audio as a float32 numpy array (24 kHz mono), or with
+    /// `with_summary=True` the pair `(audio, summary)` (the summary as `Stream.summary` gives
+    /// it: whether it was cancelled or capped). `temperature` (0: greedy), `top_k`, `top_p` and
+    /// `repetition_penalty` override the model's sampling settings.
+    #[pyo3(signature = (text, *, voice=None, language=None, instruct=None, seed=0, max_frames=None, min_frames=None, temperature=None, top_k=None, top_p=None, repetition_penalty=None, with_summary=false))]
     #[allow(clippy::too_many_arguments)]
     fn synthesize<'py>(
         &self,
@@ -269,21 +322,40 @@ impl Engine {
         seed: u64,
         max_frames: Option<usize>,
         min_frames: Option<usize>,
-    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        repetition_penalty: Option<f32>,
+        with_summary: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let sampling = Sampling {
+            temperature,
+            top_k,
+            top_p,
+            repetition_penalty,
+        };
         let req = self.request(
-            text, voice, language, instruct, seed, max_frames, min_frames,
+            text, voice, language, instruct, seed, max_frames, min_frames, sampling,
         )?;
         let mut job = self.submit(req)?;
         let mut audio = Vec::new();
         while let Some(c) = next_chunk(py, &mut job)? {
             audio.extend_from_slice(&c);
         }
-        py.detach(|| job.finish()).map_err(to_py)?;
-        Ok(audio.into_pyarray(py))
+        let summary = py.detach(|| job.finish()).map_err(to_py)?;
+        let audio = audio.into_pyarray(py).into_any();
+        if with_summary {
+            Ok((audio, summary_dict(py, &summary)?)
+                .into_pyobject(py)?
+                .into_any())
+        } else {
+            Ok(audio)
+        }
     }
 
-    /// Speaks `text`, yielding float32 numpy chunks as the engine makes them (a `Stream`).
-    #[pyo3(signature = (text, *, voice=None, language=None, instruct=None, seed=0, max_frames=None, min_frames=None))]
+    /// Speaks `text`, yielding float32 numpy chunks as the engine makes them (a `Stream`); the
+    /// keywords are `synthesize`'s.
+    #[pyo3(signature = (text, *, voice=None, language=None, instruct=None, seed=0, max_frames=None, min_frames=None, temperature=None, top_k=None, top_p=None, repetition_penalty=None))]
     #[allow(clippy::too_many_arguments)]
     fn stream(
         &self,
@@ -294,9 +366,19 @@ impl Engine {
         seed: u64,
         max_frames: Option<usize>,
         min_frames: Option<usize>,
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        repetition_penalty: Option<f32>,
     ) -> PyResult<Stream> {
+        let sampling = Sampling {
+            temperature,
+            top_k,
+            top_p,
+            repetition_penalty,
+        };
         let req = self.request(
-            text, voice, language, instruct, seed, max_frames, min_frames,
+            text, voice, language, instruct, seed, max_frames, min_frames, sampling,
         )?;
         let job = self.submit(req)?;
         Ok(Stream {
@@ -306,23 +388,42 @@ impl Engine {
         })
     }
 
-    /// Clones the voice in the recording at `audio` (WAV, FLAC, MP3 or Ogg/Vorbis, 1 to 30 s; a
-    /// Base model only). With `text`, the words spoken in it, the voice speaks in context (the
-    /// official default); without, from the speaker's x-vector alone. The encoders load on the
-    /// first call; about half a second per 10 s of recording on 2 cores.
-    #[pyo3(signature = (audio, text=None))]
+    /// Clones the voice in `audio` (1 to 30 s; a Base model only): a recording's path (WAV,
+    /// FLAC, MP3 or Ogg/Vorbis), or its mono samples (a float32 numpy array or a sequence of
+    /// floats in [-1, 1]) with their `sample_rate`. With `text`, the words spoken in it, the voice
+    /// speaks in context (the official default); without, from the speaker's x-vector alone. The
+    /// encoders load on the first call; about half a second per 10 s of recording on 2 cores.
+    #[pyo3(signature = (audio, text=None, *, sample_rate=None))]
     fn clone_voice(
         &self,
         py: Python<'_>,
-        audio: PathBuf,
+        audio: AudioArg<'_>,
         text: Option<String>,
+        sample_rate: Option<u32>,
     ) -> PyResult<ClonedVoice> {
-        py.detach(|| {
-            let samples = qtts::voice::audio_in::load_reference(&audio)?;
-            self.cloner.clone_voice(&samples, text.as_deref())
-        })
-        .map(|inner| ClonedVoice { inner })
-        .map_err(voice_err)
+        use qtts::voice::audio_in::{load_reference, reference_from_samples};
+        let audio = match audio {
+            AudioArg::Array(a) => AudioArg::Samples(a.as_array().iter().copied().collect()),
+            other => other,
+        };
+        let samples = match (audio, sample_rate) {
+            (AudioArg::Path(path), None) => py.detach(|| load_reference(&path)),
+            (AudioArg::Samples(s), Some(rate)) => py.detach(|| reference_from_samples(&s, rate)),
+            (_, Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "sample_rate: expected none with a file (it gives its own rate), found one",
+                ))
+            }
+            (_, None) => {
+                return Err(PyValueError::new_err(
+                    "sample_rate: expected the samples' rate in Hz, found none",
+                ))
+            }
+        }
+        .map_err(|e| voice_err(e.into()))?;
+        py.detach(|| self.cloner.clone_voice(&samples, text.as_deref()))
+            .map(|inner| ClonedVoice { inner })
+            .map_err(voice_err)
     }
 
     /// The voice saved as `name` (by `ClonedVoice.save` or `qtts voice add`) in `voices_dir`
@@ -380,7 +481,16 @@ impl Engine {
         frames: usize,
         seed: u64,
     ) -> PyResult<(f64, f64, usize)> {
-        let req = self.request(text, None, None, None, seed, Some(frames), Some(frames))?;
+        let req = self.request(
+            text,
+            None,
+            None,
+            None,
+            seed,
+            Some(frames),
+            Some(frames),
+            Sampling::default(),
+        )?;
         let t = std::time::Instant::now();
         let mut job = self.submit(req)?;
         py.detach(|| {
@@ -497,7 +607,9 @@ impl Stream {
         self.cancel.cancel();
     }
 
-    /// After the last chunk: frames, samples, cancelled, ttfa_ms, rtf; None before.
+    /// After the last chunk: frames, samples, cancelled, stop (`"eos"`: the speech ended,
+    /// `"frame_cap"`: `max_frames` or the length cap, `"cancelled"`), ttfa_ms (None without
+    /// audio), rtf; None before.
     fn summary<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         match &*self.summary.lock().unwrap_or_else(|e| e.into_inner()) {
             Some(s) => summary_dict(py, s).map(Some),

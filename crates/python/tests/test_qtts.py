@@ -1,10 +1,12 @@
 """The Python package on the built-in test model: streaming equals one-shot, cancellation from
-another thread, two engines, typed errors, the GIL released, no leak over create/drop cycles.
+another thread, two engines, typed errors, the GIL released, no leak over create/drop cycles, and
+the shared table of requests (tests/fixtures/surfaces/cases.json) giving what every face gives.
 
 Run by `.ci/run` in the venv it makes (`pytest crates/python/tests`)."""
 
 import ctypes
 import gc
+import json
 import os
 import threading
 import time
@@ -21,14 +23,14 @@ FRAME = 1920  # samples per 80 ms frame at 24 kHz
 def cache(tmp_path_factory):
     """A cache directory holding the built-in model, made once."""
     d = tmp_path_factory.mktemp("qtts-cache")
-    with qtts.Engine(cache_dir=str(d), threads=2) as e:
+    with qtts.Engine("builtin", cache_dir=str(d), cores=2) as e:
         assert e.builtin
     return str(d)
 
 
 @pytest.fixture(scope="session")
 def engine(cache):
-    with qtts.Engine(cache_dir=cache, threads=2) as e:
+    with qtts.Engine("builtin", cache_dir=cache, cores=2) as e:
         yield e
 
 
@@ -108,7 +110,7 @@ def test_the_gil_is_released_while_synthesizing(engine):
 
 
 def test_two_engines_in_one_process(cache, engine):
-    with qtts.Engine(cache_dir=cache, threads=1) as other:
+    with qtts.Engine("builtin", cache_dir=cache, cores=1) as other:
         a = engine.synthesize("Two engines.", seed=2, max_frames=10, min_frames=10)
         b = other.synthesize("Two engines.", seed=2, max_frames=10, min_frames=10)
         assert len(a) == len(b) == 10 * FRAME
@@ -118,8 +120,9 @@ def test_two_engines_in_one_process(cache, engine):
 def test_bad_arguments_raise_typed_errors(cache, engine, tmp_path):
     with pytest.raises(qtts.ModelError, match="nothing-here"):
         qtts.Engine(str(tmp_path / "nothing-here"), cache_dir=cache)
-    with pytest.raises(ValueError):
-        qtts.Engine(cache_dir=cache, queue=0)
+    # No model: an error that says what to give, never the built-in model's noise.
+    with pytest.raises(qtts.ModelError, match="builtin"):
+        qtts.Engine(cache_dir=cache)
     with pytest.raises(qtts.RequestError, match="nobody-by-this-name"):
         engine.synthesize("Hello.", voice="nobody-by-this-name")
     with pytest.raises(qtts.RequestError):
@@ -132,14 +135,14 @@ def test_bad_arguments_raise_typed_errors(cache, engine, tmp_path):
         engine.synthesize("Hello.", unknown_option=1)
     with pytest.raises(OverflowError):
         engine.synthesize("Hello.", seed=-1)
-    e = qtts.Engine(cache_dir=cache, threads=1)
+    e = qtts.Engine("builtin", cache_dir=cache, cores=1)
     e.close()
     with pytest.raises(RuntimeError, match="closed"):
         e.synthesize("Hello.")
 
 
 def test_a_full_queue_raises_busy(cache):
-    with qtts.Engine(cache_dir=cache, threads=1, queue=1) as e:
+    with qtts.Engine("builtin", cache_dir=cache, cores=1, queue=1) as e:
         running = e.stream("Nobody reads me.", max_frames=400, min_frames=400)
         next(running)  # running now: the next one queues
         queued = e.stream("I wait.", max_frames=400, min_frames=400)
@@ -166,7 +169,7 @@ def threads():
 
 def test_no_leak_over_200_create_drop_cycles(cache):
     def cycle():
-        e = qtts.Engine(cache_dir=cache, threads=1)
+        e = qtts.Engine("builtin", cache_dir=cache, cores=1)
         e.synthesize("Leak check.", max_frames=1, min_frames=1)
         del e
 
@@ -195,7 +198,7 @@ def base(cache, tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("base") / "checkpoint"
     shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "voice", "model"), ckpt)
     qtts._write_tiny_tokenizer(str(ckpt))
-    with qtts.Engine(str(ckpt), cache_dir=cache, threads=2) as e:
+    with qtts.Engine(str(ckpt), cache_dir=cache, cores=2) as e:
         yield e
 
 
@@ -241,6 +244,29 @@ def test_a_cloned_voice_is_saved_loaded_and_spoken(base, engine, tmp_path):
     assert np.array_equal(say(base.load_voice("anna", voices_dir=voices)), spoken)
     assert not np.array_equal(say(x), spoken)
     assert len(list(base.stream("How are you?", voice=v, max_frames=2, min_frames=2))) >= 1
+    # By name, as every face names a voice: a saved voice where the model has no such speaker.
+    os.environ["QTTS_VOICES"] = voices
+    try:
+        assert np.array_equal(say("anna"), spoken)
+        with pytest.raises(qtts.RequestError, match="unknown voice"):
+            say("nobody")
+    finally:
+        del os.environ["QTTS_VOICES"]
+    # The same recording as samples with their rate: the same voice.
+    import wave
+
+    with wave.open(ref, "rb") as w:
+        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
+    assert np.array_equal(say(base.clone_voice(pcm, "Hello there.", sample_rate=24000)), spoken)
+    assert np.array_equal(
+        say(base.clone_voice(pcm.tolist(), "Hello there.", sample_rate=24000)), spoken
+    )
+    with pytest.raises(ValueError, match="sample_rate"):
+        base.clone_voice(pcm, "Hello there.")
+    with pytest.raises(ValueError, match="sample_rate"):
+        base.clone_voice(ref, sample_rate=24000)
+    with pytest.raises(qtts.VoiceError, match="rate"):
+        base.clone_voice(pcm, sample_rate=0)
 
     # Bad input: typed errors, and the engine goes on.
     notaudio = tmp_path / "notes.wav"
@@ -261,3 +287,81 @@ def test_a_cloned_voice_is_saved_loaded_and_spoken(base, engine, tmp_path):
     with pytest.raises(qtts.VoiceError, match="made for"):
         engine.load_voice("anna", voices_dir=voices)
     assert np.array_equal(say(v), spoken)
+
+
+def test_threads_is_the_old_name_of_cores(cache):
+    with pytest.warns(DeprecationWarning, match="cores"):
+        e = qtts.Engine("builtin", cache_dir=cache, threads=1)
+    e.close()
+
+
+def test_synthesize_keeps_its_summary_within_reach(engine):
+    audio, summary = engine.synthesize("Capped.", max_frames=3, min_frames=3, with_summary=True)
+    assert len(audio) == 3 * FRAME
+    assert summary["stop"] == "frame_cap" and summary["cancelled"] is False
+    assert summary["frames"] == 3 and summary["samples"] == len(audio)
+    assert summary["ttfa_ms"] > 0 and summary["rtf"] > 0
+
+
+STOPS = {"eos", "frame_cap", "cancelled"}
+
+
+def test_the_shared_table(engine):
+    """tests/fixtures/surfaces/cases.json: the same requests and outcomes as the Rust, C and
+    command faces."""
+    with open(os.path.join(ROOT, "tests", "fixtures", "surfaces", "cases.json")) as f:
+        table = json.load(f)
+    assert table["model"] == "builtin" and engine.builtin
+    outcomes = {}
+    for case in table["cases"]:
+        frames = case.get("frames", table["frames"])
+        kwargs = {k: case[k] for k in ("voice", "language") if k in case}
+        for k in ("temperature", "top_p", "repetition_penalty"):
+            if k in case:
+                kwargs[k] = float(case[k])
+        if "top_k" in case:
+            kwargs["top_k"] = int(case["top_k"])
+        try:
+            s = engine.stream(case["text"], max_frames=frames, min_frames=frames, **kwargs)
+        except qtts.RequestError as e:
+            outcomes[case["name"]] = ("error", "request", str(e))
+            continue
+        except qtts.QttsError as e:
+            outcomes[case["name"]] = ("error", type(e).__name__, str(e))
+            continue
+        chunks = []
+        for c in s:
+            chunks.append(c)
+            if case.get("cancel"):
+                s.cancel()
+        summary = s.summary()
+        assert summary["stop"] in STOPS
+        assert summary["cancelled"] == (summary["stop"] == "cancelled")
+        outcomes[case["name"]] = ("ok", np.concatenate(chunks), summary["stop"], frames, case)
+
+    failures = []
+    for case in table["cases"]:
+        got = outcomes[case["name"]]
+        if case["expect"] != got[0]:
+            failures.append(f"{case['name']}: expected {case['expect']}, got {got}")
+        elif got[0] == "error":
+            if got[1] != case["kind"] or case["message"] not in got[2]:
+                failures.append(f"{case['name']}: {got[1]} error {got[2]!r}")
+        else:
+            _, audio, stop, frames, _ = got
+            if stop != case["stop"]:
+                failures.append(f"{case['name']}: stop {stop}")
+            n = len(audio)
+            if case.get("cancel"):
+                fits = 0 < n < frames * FRAME and n % FRAME == 0
+            else:
+                fits = n == frames * FRAME
+            if not fits or not np.isfinite(audio).all():
+                failures.append(f"{case['name']}: {n} samples for {frames} frames")
+            if "same_as" in case and not np.array_equal(audio, outcomes[case["same_as"]][1]):
+                failures.append(f"{case['name']}: audio differs from {case['same_as']}'s")
+            if "differs_from" in case and np.array_equal(
+                audio, outcomes[case["differs_from"]][1]
+            ):
+                failures.append(f"{case['name']}: audio equals {case['differs_from']}'s")
+    assert not failures, "\n".join(failures)

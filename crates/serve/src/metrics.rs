@@ -52,11 +52,7 @@ pub struct Stage {
 
 /// How a request ended, as metrics and SSE usage name it: `eos`, `frame_cap`, `cancelled`.
 pub fn stop_label(stop: &qtts::talker::StopReason) -> &'static str {
-    match stop {
-        qtts::talker::StopReason::Eos => "eos",
-        qtts::talker::StopReason::FrameCap { .. } => "frame_cap",
-        qtts::talker::StopReason::Cancelled => "cancelled",
-    }
+    stop.name()
 }
 
 /// Every metric the server exports.

@@ -78,7 +78,7 @@ pub const CUT_SHORT: &str =
 pub fn error_code(e: &EngineError) -> &'static str {
     match e {
         EngineError::EmptyText => "empty_input",
-        EngineError::Talker(_) => "invalid_request",
+        EngineError::Talker(_) | EngineError::Sampling(_) => "invalid_request",
         _ => "engine_error",
     }
 }
@@ -298,7 +298,7 @@ impl Service {
                 self.broken.store(true, Ordering::Release);
                 "stage_gone"
             }
-            EngineError::Talker(_) | EngineError::EmptyText => "request",
+            EngineError::Talker(_) | EngineError::EmptyText | EngineError::Sampling(_) => "request",
             _ => "engine",
         };
         self.metrics.errors.get_or_create(&Reason { reason }).inc();

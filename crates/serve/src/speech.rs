@@ -3,7 +3,7 @@
 
 use axum::http::StatusCode;
 use qtts::engine::Request;
-use qtts::sampling::SamplingParams;
+use qtts::sampling::SamplingOverrides;
 use qtts::talker::TextMode;
 use serde::Deserialize;
 use serde_json::Value;
@@ -317,43 +317,27 @@ pub(crate) fn parse(svc: &Service, opts: &HttpOptions, body: &[u8]) -> Result<Pa
         Some(n) => Some((n as usize).min(svc.limits.max_frames)),
         None => None,
     };
-    if b.temperature.is_some() || b.top_k.is_some() || b.top_p.is_some() {
-        let t = b.temperature.unwrap_or(0.9);
-        if !(t.is_finite() && t >= 0.0) {
-            return Err(ApiError::bad(
-                "invalid_temperature",
-                Some("temperature"),
-                "temperature must be 0 (greedy) or above",
-            ));
-        }
-        let p = b.top_p.unwrap_or(1.0);
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(ApiError::bad(
-                "invalid_top_p",
-                Some("top_p"),
-                "top_p must be in (0, 1]",
-            ));
-        }
-        req.sampling = Some(if t == 0.0 {
-            SamplingParams::GREEDY
-        } else {
-            SamplingParams {
-                do_sample: true,
-                temperature: t,
-                top_k: b.top_k.unwrap_or(50),
-                top_p: p,
-            }
-        });
-    }
-    if let Some(r) = b.repetition_penalty {
-        if !(r.is_finite() && r > 0.0) {
-            return Err(ApiError::bad(
-                "invalid_repetition_penalty",
-                Some("repetition_penalty"),
-                "repetition_penalty must be above 0",
-            ));
-        }
-        req.repetition_penalty = Some(r);
+    // Each setting over the model's own (generation_config.json), as in the C ABI and Python.
+    req.overrides = SamplingOverrides {
+        temperature: b.temperature,
+        top_k: b.top_k,
+        top_p: b.top_p,
+    };
+    req.repetition_penalty = b.repetition_penalty;
+    let checked = req.overrides.check().and_then(|()| {
+        req.repetition_penalty
+            .map_or(Ok(()), qtts::sampling::check_repetition_penalty)
+    });
+    if let Err(e) = checked {
+        return Err(ApiError::bad(
+            match e.setting {
+                "temperature" => "invalid_temperature",
+                "top_p" => "invalid_top_p",
+                _ => "invalid_repetition_penalty",
+            },
+            Some(e.setting),
+            e.to_string(),
+        ));
     }
     Ok(Parsed {
         req,

@@ -4,6 +4,11 @@
 #[path = "../../../../tests/it/common.rs"]
 mod common;
 
+#[allow(dead_code)]
+#[path = "../../../../tests/it/cases.rs"]
+mod cases;
+
 mod cache;
 mod cli;
+mod surfaces;
 mod voice;

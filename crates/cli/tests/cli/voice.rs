@@ -182,7 +182,7 @@ fn a_voice_is_added_listed_spoken_and_removed() {
             "/dev/null",
         ],
         home,
-        "takes no --speaker",
+        "give --voice or --speaker, not both",
     );
     let text = home.join("notes.wav");
     std::fs::write(&text, "not a recording").unwrap();
@@ -301,6 +301,6 @@ fn a_voice_is_added_listed_spoken_and_removed() {
             "/dev/null",
         ],
         home,
-        "no saved voice \"anna\"",
+        "unknown voice \"anna\"",
     );
 }
