@@ -258,16 +258,17 @@ impl VoiceStore {
     }
 
     /// The voice `name` means on every surface (C's `voice`, Python's `voice=`, `qtts speak
-    /// --voice`, the server's `voice`): the model's speaker of that name (any case) when it has
-    /// one, else the voice saved here under that name, checked against the model (`mmproj`).
+    /// --voice`, the server's `voice`): the model's speaker of that name (any case; `speakers`:
+    /// `EngineInfo::speakers`) when it has one, else the voice saved here under that name,
+    /// checked against the model (`mmproj`).
     pub fn named(
         &self,
-        info: &crate::engine::EngineInfo,
+        speakers: &[String],
         mmproj: &Path,
         name: &str,
         language: Option<String>,
     ) -> Result<Voice, VoiceError> {
-        if let Some(s) = info.speakers.iter().find(|s| s.eq_ignore_ascii_case(name)) {
+        if let Some(s) = speakers.iter().find(|s| s.eq_ignore_ascii_case(name)) {
             return Ok(Voice {
                 speaker: Some(s.clone()),
                 language,
@@ -278,7 +279,7 @@ impl VoiceStore {
             Err(VoiceError::UnknownVoice { name, dir, known }) => {
                 return Err(VoiceError::UnknownName {
                     name,
-                    speakers: info.speakers.clone(),
+                    speakers: speakers.to_vec(),
                     dir,
                     known,
                 })

@@ -24,16 +24,18 @@ fn kind(e: &EngineError) -> &'static str {
 fn run(worker: &Worker, store: &VoiceStore, mmproj: &std::path::Path, case: &Case) -> Outcome {
     let mut req = Request::text(case.text.clone());
     req.voice = match &case.voice {
-        Some(name) => match store.named(worker.info(), mmproj, name, case.language.clone()) {
-            Ok(v) => v,
-            Err(e @ VoiceError::UnknownName { .. }) => {
-                return Outcome::Error {
-                    kind: "request".into(),
-                    message: e.to_string(),
+        Some(name) => {
+            match store.named(&worker.info().speakers, mmproj, name, case.language.clone()) {
+                Ok(v) => v,
+                Err(e @ VoiceError::UnknownName { .. }) => {
+                    return Outcome::Error {
+                        kind: "request".into(),
+                        message: e.to_string(),
+                    }
                 }
+                Err(e) => panic!("{}: {e}", case.name),
             }
-            Err(e) => panic!("{}: {e}", case.name),
-        },
+        }
         None => Voice {
             language: case.language.clone(),
             ..Voice::default()

@@ -194,46 +194,6 @@ int32_t qtts_engine_load(const struct QttsOptions *opts, struct QttsEngine **out
 // `engine` is null or came from [`qtts_engine_load`] and was not freed; no other thread uses it.
 void qtts_engine_free(struct QttsEngine *engine);
 
-// 1 when the engine runs the built-in random-weight model (noise, not speech), 0 when a real
-// one, -1 for NULL.
-//
-// # Safety
-// `engine` is null or a live engine.
-int32_t qtts_engine_is_builtin(const struct QttsEngine *engine);
-
-// The model's type, as its checkpoint names it: `custom_voice` (named speakers), `voice_design`
-// (voices described by `instruct`) or `base` (cloned voices); NULL for NULL. Valid while the
-// engine lives.
-//
-// # Safety
-// `engine` is null or a live engine.
-const char *qtts_engine_model_type(const struct QttsEngine *engine);
-
-// The number of languages the model takes for [`QttsRequest::language`] (`auto` included; 0
-// for NULL).
-//
-// # Safety
-// `engine` is null or a live engine.
-size_t qtts_engine_language_count(const struct QttsEngine *engine);
-
-// Language `index`'s name, valid while the engine lives; NULL when `index` is out of range.
-//
-// # Safety
-// `engine` is null or a live engine.
-const char *qtts_engine_language_name(const struct QttsEngine *engine, size_t index);
-
-// The number of named voices (CustomVoice speakers; 0 for other models, and for NULL).
-//
-// # Safety
-// `engine` is null or a live engine.
-size_t qtts_engine_voice_count(const struct QttsEngine *engine);
-
-// Voice `index`'s name, valid while the engine lives; NULL when `index` is out of range.
-//
-// # Safety
-// `engine` is null or a live engine.
-const char *qtts_engine_voice_name(const struct QttsEngine *engine, size_t index);
-
 // Starts synthesizing `req` (queued behind running syntheses); on success `*out` holds its
 // handle, read with [`qtts_read`] and freed with [`qtts_synthesis_free`]. The request is checked
 // first and refused at once, before anything is queued: [`QTTS_ERR_REQUEST`] for an unknown
@@ -283,6 +243,46 @@ int32_t qtts_synthesis_summary_sized(const struct QttsSynthesis *s, struct QttsS
 // # Safety
 // `s` is null or a live synthesis no other thread uses (a [`qtts_cancel`] included).
 void qtts_synthesis_free(struct QttsSynthesis *s);
+
+// 1 when the engine runs the built-in random-weight model (noise, not speech), 0 when a real
+// one, -1 for NULL.
+//
+// # Safety
+// `engine` is null or a live engine.
+int32_t qtts_engine_is_builtin(const struct QttsEngine *engine);
+
+// The model's type, as its checkpoint names it: `custom_voice` (named speakers), `voice_design`
+// (voices described by `instruct`) or `base` (cloned voices); NULL for NULL. Valid while the
+// engine lives.
+//
+// # Safety
+// `engine` is null or a live engine.
+const char *qtts_engine_model_type(const struct QttsEngine *engine);
+
+// The number of languages the model takes for [`QttsRequest::language`] (`auto` included; 0
+// for NULL).
+//
+// # Safety
+// `engine` is null or a live engine.
+size_t qtts_engine_language_count(const struct QttsEngine *engine);
+
+// Language `index`'s name, valid while the engine lives; NULL when `index` is out of range.
+//
+// # Safety
+// `engine` is null or a live engine.
+const char *qtts_engine_language_name(const struct QttsEngine *engine, size_t index);
+
+// The number of named voices (CustomVoice speakers; 0 for other models, and for NULL).
+//
+// # Safety
+// `engine` is null or a live engine.
+size_t qtts_engine_voice_count(const struct QttsEngine *engine);
+
+// Voice `index`'s name, valid while the engine lives; NULL when `index` is out of range.
+//
+// # Safety
+// `engine` is null or a live engine.
+const char *qtts_engine_voice_name(const struct QttsEngine *engine, size_t index);
 
 // Clones the voice in the recording at `audio_path` (WAV, FLAC, MP3 or Ogg/Vorbis, 1 to 30 s, at
 // 24 kHz unless the library was built with the `resample` feature) with the engine's Base model.

@@ -35,8 +35,10 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
+mod info;
 mod v1;
 mod voice;
+pub use info::*;
 pub use v1::*;
 pub use voice::*;
 
@@ -194,7 +196,7 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
-fn set_error(msg: impl std::fmt::Display) {
+pub(crate) fn set_error(msg: impl std::fmt::Display) {
     let text = msg.to_string().replace('\0', " ");
     LAST_ERROR.with(|e| *e.borrow_mut() = CString::new(text).unwrap_or_default());
 }
@@ -482,95 +484,6 @@ pub unsafe extern "C" fn qtts_engine_free(engine: *mut QttsEngine) {
     // SAFETY: owned by the caller, who gives it back (contract).
     let engine = unsafe { Box::from_raw(engine) };
     let _ = catch_unwind(AssertUnwindSafe(move || drop(engine)));
-}
-
-/// 1 when the engine runs the built-in random-weight model (noise, not speech), 0 when a real
-/// one, -1 for NULL.
-///
-/// # Safety
-/// `engine` is null or a live engine.
-#[no_mangle]
-pub unsafe extern "C" fn qtts_engine_is_builtin(engine: *const QttsEngine) -> i32 {
-    // SAFETY: null or live by the contract.
-    match unsafe { engine.as_ref() } {
-        Some(e) => i32::from(e.builtin),
-        None => -1,
-    }
-}
-
-/// The model's type, as its checkpoint names it: `custom_voice` (named speakers), `voice_design`
-/// (voices described by `instruct`) or `base` (cloned voices); NULL for NULL. Valid while the
-/// engine lives.
-///
-/// # Safety
-/// `engine` is null or a live engine.
-#[no_mangle]
-pub unsafe extern "C" fn qtts_engine_model_type(engine: *const QttsEngine) -> *const c_char {
-    // SAFETY: null or live by the contract.
-    unsafe { engine.as_ref() }.map_or(std::ptr::null(), |e| e.model_type.as_ptr())
-}
-
-/// The number of languages the model takes for [`QttsRequest::language`] (`auto` included; 0
-/// for NULL).
-///
-/// # Safety
-/// `engine` is null or a live engine.
-#[no_mangle]
-pub unsafe extern "C" fn qtts_engine_language_count(engine: *const QttsEngine) -> usize {
-    // SAFETY: null or live by the contract.
-    unsafe { engine.as_ref() }.map_or(0, |e| e.languages.len())
-}
-
-/// Language `index`'s name, valid while the engine lives; NULL when `index` is out of range.
-///
-/// # Safety
-/// `engine` is null or a live engine.
-#[no_mangle]
-pub unsafe extern "C" fn qtts_engine_language_name(
-    engine: *const QttsEngine,
-    index: usize,
-) -> *const c_char {
-    // SAFETY: null or live by the contract.
-    match unsafe { engine.as_ref() }.and_then(|e| e.languages.get(index)) {
-        Some(v) => v.as_ptr(),
-        None => {
-            set_error(format!(
-                "language index {index}: out of range (qtts_engine_language_count)"
-            ));
-            std::ptr::null()
-        }
-    }
-}
-
-/// The number of named voices (CustomVoice speakers; 0 for other models, and for NULL).
-///
-/// # Safety
-/// `engine` is null or a live engine.
-#[no_mangle]
-pub unsafe extern "C" fn qtts_engine_voice_count(engine: *const QttsEngine) -> usize {
-    // SAFETY: null or live by the contract.
-    unsafe { engine.as_ref() }.map_or(0, |e| e.voices.len())
-}
-
-/// Voice `index`'s name, valid while the engine lives; NULL when `index` is out of range.
-///
-/// # Safety
-/// `engine` is null or a live engine.
-#[no_mangle]
-pub unsafe extern "C" fn qtts_engine_voice_name(
-    engine: *const QttsEngine,
-    index: usize,
-) -> *const c_char {
-    // SAFETY: null or live by the contract.
-    match unsafe { engine.as_ref() }.and_then(|e| e.voices.get(index)) {
-        Some(v) => v.as_ptr(),
-        None => {
-            set_error(format!(
-                "voice index {index}: out of range (qtts_engine_voice_count)"
-            ));
-            std::ptr::null()
-        }
-    }
 }
 
 /// Starts synthesizing `req` (queued behind running syntheses); on success `*out` holds its

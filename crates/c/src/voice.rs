@@ -56,7 +56,12 @@ pub(crate) fn named(
     language: Option<String>,
 ) -> Result<Voice, (i32, String)> {
     store(None)
-        .named(engine.worker.info(), &engine.files.mmproj, name, language)
+        .named(
+            &engine.worker.info().speakers,
+            &engine.files.mmproj,
+            name,
+            language,
+        )
         .map_err(voice_err)
 }
 

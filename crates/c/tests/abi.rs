@@ -731,3 +731,38 @@ fn the_shared_table_through_the_c_abi() {
     unsafe { qtts_engine_free(e) };
     cases::check("c", &table, &outcomes);
 }
+
+/// The model's type, languages and voices in C are the Rust engine's, in its order.
+#[test]
+fn model_info_is_the_engines() {
+    let found = qtts::model::find::builtin(cache().0.path()).unwrap();
+    let worker = qtts::engine::Worker::load(&found.files, EngineConfig::default(), 1).unwrap();
+    let info = worker.info().clone();
+    drop(worker);
+    let e = load(1);
+    let text = |p: *const c_char| {
+        assert!(!p.is_null(), "{}", last_error());
+        // SAFETY: a NUL-terminated string the engine keeps alive.
+        unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_owned()
+    };
+    // SAFETY: a live engine, freed last; NULLs where the contract allows them.
+    unsafe {
+        assert_eq!(text(qtts_engine_model_type(e)), "custom_voice");
+        assert_eq!(info.model_type, "custom_voice");
+        let languages: Vec<String> = (0..qtts_engine_language_count(e))
+            .map(|i| text(qtts_engine_language_name(e, i)))
+            .collect();
+        assert_eq!(languages, info.languages);
+        assert_eq!(languages[0], "auto");
+        assert!(languages.iter().any(|l| l == "english"));
+        assert!(qtts_engine_language_name(e, languages.len()).is_null());
+        assert!(last_error().contains("out of range"), "{}", last_error());
+        let voices: Vec<String> = (0..qtts_engine_voice_count(e))
+            .map(|i| text(qtts_engine_voice_name(e, i)))
+            .collect();
+        assert_eq!(voices, info.speakers);
+        assert!(qtts_engine_model_type(null()).is_null());
+        assert_eq!(qtts_engine_language_count(null()), 0);
+        qtts_engine_free(e);
+    }
+}

@@ -14,6 +14,7 @@ use qtts::model::convert::{convert, OutType};
 
 mod bench;
 mod bench_cli;
+mod cache_cli;
 mod serve_cli;
 mod voice_cli;
 
@@ -115,7 +116,7 @@ enum Command {
     /// once, into `$XDG_CACHE_HOME/qtts/converted`, else `~/.cache/qtts/converted`).
     Cache {
         #[command(subcommand)]
-        action: CacheAction,
+        action: cache_cli::CacheAction,
     },
     /// Check GGUF files as the engine does before loading them, and describe them.
     Validate {
@@ -126,55 +127,6 @@ enum Command {
         #[arg(long)]
         llama: bool,
     },
-}
-
-/// `qtts cache` actions.
-#[derive(Subcommand, Debug)]
-enum CacheAction {
-    /// Each conversion: its directory, the checkpoint it came from, its type and size.
-    List,
-    /// Remove every conversion (they are made again on next use).
-    Clear,
-}
-
-/// `qtts cache`.
-fn cache(action: &CacheAction) -> anyhow::Result<()> {
-    use qtts::model::{cache, find};
-    let dir = find::cache_dir();
-    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    match action {
-        CacheAction::List => {
-            let entries = cache::list(&dir);
-            if entries.is_empty() {
-                println!("no conversions in {}", cache::converted_dir(&dir).display());
-            }
-            let mut total = 0;
-            for e in &entries {
-                total += e.bytes;
-                let source = e
-                    .source
-                    .as_ref()
-                    .map_or("(source unknown)".into(), |p| p.display().to_string());
-                println!(
-                    "{:>9.1} MiB  {:<5}  {}  from {source}",
-                    mib(e.bytes),
-                    e.ty.as_deref().unwrap_or("?"),
-                    e.dir.display()
-                );
-            }
-            if !entries.is_empty() {
-                println!("{:>9.1} MiB in {} conversions", mib(total), entries.len());
-            }
-        }
-        CacheAction::Clear => {
-            let (removed, bytes) = cache::clear(&dir)?;
-            for p in &removed {
-                println!("removed {}", p.display());
-            }
-            println!("{:.1} MiB freed", mib(bytes));
-        }
-    }
-    Ok(())
 }
 
 /// Options shared by `speak` and `synth`.
@@ -712,7 +664,7 @@ fn main() -> anyhow::Result<()> {
             sample_format,
             raw,
         } => synth(&args, &out, sample_format, raw)?,
-        Command::Cache { action } => cache(&action)?,
+        Command::Cache { action } => cache_cli::run(&action)?,
         Command::Voice { action } => voice_cli::run(&action)?,
         Command::Convert {
             hf_dir,

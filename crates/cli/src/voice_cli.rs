@@ -142,7 +142,7 @@ pub fn requested_voice(
             );
             anyhow::ensure!(args.ref_text.is_none(), "--ref-text goes with --ref-audio");
             let mut voice = store(args.voices.as_deref()).named(
-                info,
+                &info.speakers,
                 &files.mmproj,
                 name,
                 args.language.clone(),

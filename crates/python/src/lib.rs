@@ -196,7 +196,7 @@ impl Engine {
                 qtts::voice::speaking_voice(&mmproj, &v.get().inner, language).map_err(voice_err)?
             }
             Some(VoiceArg::Name(name)) if instruct.is_none() => store(None)
-                .named(&self.info, &self.files.mmproj, &name, language)
+                .named(&self.info.speakers, &self.files.mmproj, &name, language)
                 .map_err(voice_err)?,
             // An instruction goes with a speaker of the model (1.7B CustomVoice); no voice: the
             // model's default speaker (given by the engine).
@@ -574,7 +574,9 @@ impl ClonedVoice {
     }
 }
 
-/// A synthesis in progress: iterate for float32 numpy chunks; `cancel()` from any thread.
+/// A synthesis in progress: iterate for float32 numpy chunks; `cancel()` from any thread. Dropping
+/// it unread (garbage collection, leaving a `with` block) cancels it, as dropping a Rust `Job`
+/// and `qtts_synthesis_free` do.
 #[pyclass(module = "qtts", frozen)]
 struct Stream {
     job: Mutex<Option<Job>>,
