@@ -259,7 +259,7 @@ int32_t qtts_engine_is_builtin(const struct QttsEngine *engine);
 // `engine` is null or a live engine.
 const char *qtts_engine_model_type(const struct QttsEngine *engine);
 
-// The number of languages the model takes for [`QttsRequest::language`] (`auto` included; 0
+// The number of languages the model takes for [`QttsRequest::language`](crate::QttsRequest::language) (`auto` included; 0
 // for NULL).
 //
 // # Safety

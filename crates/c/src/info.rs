@@ -31,7 +31,7 @@ pub unsafe extern "C" fn qtts_engine_model_type(engine: *const QttsEngine) -> *c
     unsafe { engine.as_ref() }.map_or(std::ptr::null(), |e| e.model_type.as_ptr())
 }
 
-/// The number of languages the model takes for [`QttsRequest::language`] (`auto` included; 0
+/// The number of languages the model takes for [`QttsRequest::language`](crate::QttsRequest::language) (`auto` included; 0
 /// for NULL).
 ///
 /// # Safety
