@@ -394,14 +394,17 @@ impl AudioSink for WavSink {
         for &x in pcm {
             match self.format {
                 SampleFormat::F32 => w.write_sample(x)?,
-                SampleFormat::S16 => {
-                    w.write_sample((x.clamp(-1.0, 1.0) * 32767.0).round() as i16)?
-                }
+                SampleFormat::S16 => w.write_sample(to_s16(x))?,
             }
         }
         self.samples += pcm.len() as u64;
         Ok(())
     }
+}
+
+/// One sample as a file's s16: clamped to ±1, scaled by 32767, rounded (WAV and stream sinks).
+fn to_s16(x: f32) -> i16 {
+    (x.clamp(-1.0, 1.0) * 32767.0).round() as i16
 }
 
 /// What a [`StreamSink`] writes before its samples.
@@ -495,9 +498,7 @@ impl AudioSink for StreamSink {
         for &x in pcm {
             let r = match self.format {
                 SampleFormat::F32 => self.out.write_all(&x.to_le_bytes()),
-                SampleFormat::S16 => self
-                    .out
-                    .write_all(&((x.clamp(-1.0, 1.0) * 32767.0).round() as i16).to_le_bytes()),
+                SampleFormat::S16 => self.out.write_all(&to_s16(x).to_le_bytes()),
             };
             r.map_err(AudioError::Output)?;
         }

@@ -228,11 +228,8 @@ impl EngineInfo {
 
     /// Whether the model takes a voice instruction: VoiceDesign models and the 1.7B CustomVoice.
     pub fn takes_instruct(&self) -> bool {
-        match self.model_type {
-            "voice_design" => true,
-            "custom_voice" => self.size != "0b6",
-            _ => false,
-        }
+        crate::model::config::ModelType::from_name(self.model_type)
+            .is_some_and(|t| t.takes_instruct(&self.size))
     }
 }
 

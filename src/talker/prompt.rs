@@ -53,12 +53,7 @@ impl Talker {
         // Instruction: text-only rows first.
         let mut rows = Vec::new();
         if let Some(instruct) = &voice.instruct {
-            let allowed = match c.tts_model_type {
-                ModelType::VoiceDesign => true,
-                ModelType::CustomVoice => c.tts_model_size != "0b6",
-                ModelType::Base => false,
-            };
-            if !allowed {
+            if !c.tts_model_type.takes_instruct(&c.tts_model_size) {
                 return Err(TalkerError::InstructUnsupported {
                     model,
                     size: c.tts_model_size.clone(),

@@ -66,6 +66,23 @@ impl ModelType {
             ModelType::VoiceDesign => "voice_design",
         }
     }
+
+    /// The variant `config.json` names `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Base, Self::CustomVoice, Self::VoiceDesign]
+            .into_iter()
+            .find(|t| t.as_str() == name)
+    }
+
+    /// Whether a model of this type and size (`tts_model_size`: `0b6`, `1b7`) takes a voice
+    /// instruction: VoiceDesign models and the 1.7B CustomVoice.
+    pub fn takes_instruct(self, size: &str) -> bool {
+        match self {
+            ModelType::VoiceDesign => true,
+            ModelType::CustomVoice => size != "0b6",
+            ModelType::Base => false,
+        }
+    }
 }
 
 /// `speaker_encoder_config` (Base models only).
