@@ -56,7 +56,7 @@ pub struct SamplingOverrides {
 /// A sampling setting out of its range.
 /// Give a value in the range the message states, or leave the setting out for the model's.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{setting}: expected {expected}, found {found}")]
+#[error("{setting}: expected {expected}, found {}", shown(*found))]
 pub struct SamplingError {
     /// The setting (`temperature`, `top_p`, `repetition_penalty`).
     pub setting: &'static str,
@@ -64,6 +64,18 @@ pub struct SamplingError {
     pub expected: &'static str,
     /// The value given.
     pub found: f32,
+}
+
+/// A number as an error message shows it: as written when that is short (`0.5`, `1000`), in
+/// scientific notation when it is not (`1e308`, `1e-40`, where plain notation has hundreds of
+/// digits).
+pub fn shown<T: std::fmt::Display + std::fmt::LowerExp>(x: T) -> String {
+    let plain = format!("{x}");
+    if plain.len() <= 12 {
+        plain
+    } else {
+        format!("{x:e}")
+    }
 }
 
 impl SamplingOverrides {
@@ -260,5 +272,26 @@ impl SamplingParams {
             top_k: g.subtalker_top_k as usize,
             top_p: g.subtalker_top_p as f32,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_in_messages_stay_short() {
+        assert_eq!(shown(0.5), "0.5");
+        assert_eq!(shown(1000.0), "1000");
+        assert_eq!(shown(1e308), "1e308");
+        assert_eq!(shown(1e-40), "1e-40");
+        assert_eq!(shown(f64::INFINITY), "inf");
+        let e = SamplingOverrides {
+            temperature: Some(1e-38),
+            ..Default::default()
+        }
+        .check()
+        .unwrap_err();
+        assert!(e.to_string().ends_with("found 1e-38"), "{e}");
     }
 }

@@ -135,8 +135,67 @@ pub fn load_reference(path: &Path) -> Result<Vec<f32>, AudioInError> {
     if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
         hint.with_extension(ext);
     }
+    let mut head = Vec::with_capacity(WAV_HEAD);
+    {
+        use std::io::{Read, Seek};
+        let mut f = &file;
+        let io = |e| AudioInError::Io {
+            what: what.clone(),
+            source: e,
+        };
+        f.take(WAV_HEAD as u64).read_to_end(&mut head).map_err(io)?;
+        f.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
+    }
+    check_wav_header(&head, &what)?;
     let audio = decode(Box::new(file), hint, &what)?;
     prepare(audio, &what)
+}
+
+/// Bytes of a file's start that [`check_wav_header`] looks at: 4 KiB.
+const WAV_HEAD: usize = 4096;
+
+/// Refuses a WAV whose format chunk (within the file's first [`WAV_HEAD`] bytes) has 0 channels,
+/// a rate of 0, 0 bits or a block alignment of 0, before the decoder sees it (symphonia panics on
+/// a rate of 0). Anything else, WAV or not, is left to the decoder.
+pub fn check_wav_header(head: &[u8], what: &str) -> Result<(), AudioInError> {
+    if head.len() < 12 || &head[0..4] != b"RIFF" || &head[8..12] != b"WAVE" {
+        return Ok(());
+    }
+    let u16_at = |i: usize| u16::from_le_bytes([head[i], head[i + 1]]);
+    let u32_at = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+    let mut at = 12usize;
+    while at + 8 <= head.len() {
+        let size = u32_at(at + 4) as usize;
+        if &head[at..at + 4] == b"fmt " {
+            if size < 16 || at + 8 + 16 > head.len() {
+                return Ok(());
+            }
+            let f = at + 8;
+            let (channels, rate) = (u16_at(f + 2), u32_at(f + 4));
+            let (align, bits) = (u16_at(f + 12), u16_at(f + 14));
+            if rate == 0 {
+                return Err(AudioInError::Rate {
+                    what: what.into(),
+                    found: 0,
+                });
+            }
+            let bad = |field: &str| AudioInError::NotAudio {
+                what: what.into(),
+                reason: format!("the WAV format chunk says 0 {field}: the header is damaged"),
+            };
+            return match (channels, align, bits) {
+                (0, _, _) => Err(bad("channels")),
+                (_, 0, _) => Err(bad("bytes per block")),
+                (_, _, 0) => Err(bad("bits per sample")),
+                _ => Ok(()),
+            };
+        }
+        at = at
+            .saturating_add(8)
+            .saturating_add(size)
+            .saturating_add(size & 1);
+    }
+    Ok(())
 }
 
 /// Reference bytes (an upload) → 24 kHz mono samples, checked; `extension` (`wav`, `mp3`, ...)
@@ -150,6 +209,7 @@ pub fn load_reference_bytes(
         hint.with_extension(ext);
     }
     let what = "reference audio".to_string();
+    check_wav_header(&bytes, &what)?;
     let audio = decode(Box::new(std::io::Cursor::new(bytes)), hint, &what)?;
     prepare(audio, &what)
 }
@@ -696,6 +756,24 @@ mod tests {
         streamed[40..44].copy_from_slice(&u32::MAX.to_le_bytes());
         std::fs::write(p("streamed.wav"), &streamed).unwrap();
         assert_eq!(load_reference(&p("streamed.wav")).unwrap().len(), 48000);
+        // Zeros in the WAV format chunk, refused from the header (a rate of 0 made symphonia
+        // panic), from a file and from bytes.
+        let wav = std::fs::read(p("whole.wav")).unwrap();
+        for (at, len) in [(24, 4), (22, 2), (32, 2), (34, 2)] {
+            let mut b = wav.clone();
+            b[at..at + len].fill(0);
+            std::fs::write(p("zero.wav"), &b).unwrap();
+            let from_file = load_reference(&p("zero.wav"));
+            let from_bytes = load_reference_bytes(b, Some("wav"));
+            for r in [from_file, from_bytes] {
+                match (at, r) {
+                    (24, Err(AudioInError::Rate { found: 0, .. })) => {}
+                    (22 | 32 | 34, Err(AudioInError::NotAudio { reason, .. }))
+                        if reason.contains("format chunk") => {}
+                    (_, other) => panic!("zero at {at}: {other:?}"),
+                }
+            }
+        }
         // A rate outside 8..192 kHz.
         write_wav(&p("4k.wav"), 4000, 1, 16, false, &tone(4000, 2.0));
         assert!(matches!(

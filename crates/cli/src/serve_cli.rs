@@ -54,9 +54,16 @@ pub struct ServeArgs {
     /// Audio buffered per request for a client that reads slower than real time, in seconds.
     #[arg(long, default_value_t = 120.0)]
     buffer_seconds: f64,
-    /// Seconds a client may take nothing while its buffer is full before its request is cancelled.
+    /// Seconds a client may take nothing while its buffer is full before its request is cancelled
+    /// (and a Wyoming client that reads nothing for this long is disconnected).
     #[arg(long, default_value_t = 20.0)]
     write_stall_timeout: f64,
+    /// Seconds an HTTP request body may take, whole (past it, 408).
+    #[arg(long, default_value_t = 60.0)]
+    body_timeout: f64,
+    /// Seconds an HTTP request body may stall between two pieces (past it, 408).
+    #[arg(long, default_value_t = 10.0)]
+    body_idle_timeout: f64,
     /// Seconds running and queued requests get after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 25.0)]
     drain_timeout: f64,
@@ -91,9 +98,31 @@ fn model_id(info: &qtts::engine::EngineInfo) -> String {
     format!("qwen3-tts-12hz-{size}-{}", info.model_type.replace('_', ""))
 }
 
+/// A panic the server survives (one caught around a request's work) is logged as one line, not
+/// a backtrace per request.
+fn log_panics_in_one_line() {
+    std::panic::set_hook(Box::new(|info| {
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        eprintln!(
+            "qtts serve: internal error{at}: {}; the request it hit got an error (please report this)",
+            msg.replace('\n', " ")
+        );
+    }));
+}
+
 /// Runs the server until SIGTERM or Ctrl-C.
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     use qtts::engine::{EngineConfig, ThreadPlan, Worker};
+    log_panics_in_one_line();
     let http = addr(&a.http, "http")?;
     let wyoming = addr(&a.wyoming, "wyoming")?;
     anyhow::ensure!(
@@ -147,6 +176,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             api_key: a.api_key.clone(),
             strict_model: a.strict_model,
             overload_429: a.overload_429,
+            body_times: qtts_serve::http::BodyTimes {
+                whole: secs(a.body_timeout, "body-timeout")?,
+                idle: secs(a.body_idle_timeout, "body-idle-timeout")?,
+            },
         },
         drain_timeout: secs(a.drain_timeout, "drain-timeout")?,
         no_warmup: false,

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -20,9 +19,7 @@ use crate::encode::{Encoder, Format};
 use crate::service::{Admitted, Event, Refused, Service};
 use crate::speech::{self, Delivery};
 
-/// Request bodies on `/v1/audio/*`: 16 MiB (room for a `speaker_embedding`, or a `ref_audio` at
-/// the 30 s limit: 48 kHz stereo 16-bit WAV is 7.7 MB in base64).
-pub const BODY_LIMIT: usize = 16 << 20;
+pub use crate::body::{BodyTimes, BODY_BUDGET, BODY_IDLE_TIMEOUT, BODY_LIMIT, BODY_TIMEOUT};
 
 /// Open HTTP connections at most: 256; past it new ones are closed at once.
 pub const MAX_CONNECTIONS: usize = 256;
@@ -88,6 +85,9 @@ pub async fn serve(
 /// Settings of the HTTP front end.
 #[derive(Debug, Clone, Default)]
 pub struct HttpOptions {
+    /// How long a request body may take ([`BODY_TIMEOUT`] whole, [`BODY_IDLE_TIMEOUT`] between
+    /// pieces); past it, 408.
+    pub body_times: BodyTimes,
     /// Bearer key the `/v1` routes require; `None`: `Authorization` is ignored.
     pub api_key: Option<String>,
     /// Refuse a `model` other than the served one (404 `model_not_found`).
@@ -99,11 +99,25 @@ pub struct HttpOptions {
 struct App {
     svc: Arc<Service>,
     opts: HttpOptions,
+    /// The key's SHA-256 (compared in constant time).
+    key: Option<[u8; 32]>,
+    bodies: crate::body::Budget,
+}
+
+fn sha256(s: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(s.as_bytes()).into()
 }
 
 /// The router.
 pub fn router(svc: Arc<Service>, opts: HttpOptions) -> Router {
-    let app = Arc::new(App { svc, opts });
+    let key = opts.api_key.as_deref().map(sha256);
+    let app = Arc::new(App {
+        svc,
+        opts,
+        key,
+        bodies: Default::default(),
+    });
     Router::new()
         .route("/v1/audio/speech", post(speech))
         .route("/v1/audio/voices", get(voices))
@@ -224,16 +238,21 @@ fn engine_error(e: &EngineError) -> ApiError {
     }
 }
 
+/// The `/v1` routes' key check, made from the headers alone (before any byte of the body is
+/// read), comparing SHA-256 digests in constant time: the time taken says nothing of the key.
 fn check_key(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &app.opts.api_key else {
+    use subtle::ConstantTimeEq;
+    let Some(key) = &app.key else {
         return Ok(());
     };
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
-        return Ok(());
+    if let Some(given) = given {
+        if bool::from(sha256(given).ct_eq(key)) {
+            return Ok(());
+        }
     }
     let mut e = ApiError::bad(
         "invalid_api_key",
@@ -256,11 +275,7 @@ fn count(app: &App, format: &'static str, code: impl Into<String>) {
         .inc();
 }
 
-async fn speech(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn speech(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
     match speech_inner(&app, &headers, body).await {
         Ok((resp, format)) => {
             count(&app, format.name(), resp.status().as_str());
@@ -276,23 +291,13 @@ async fn speech(
 async fn speech_inner(
     app: &Arc<App>,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<(Response, Format), ApiError> {
+    // The key first: a client without it never gets a byte of its body read.
     check_key(app, headers)?;
-    let body = body.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            let mut e = ApiError::bad(
-                "request_too_large",
-                None,
-                format!("the body is over {} MiB", BODY_LIMIT >> 20),
-            );
-            e.status = StatusCode::PAYLOAD_TOO_LARGE;
-            e
-        } else {
-            ApiError::bad("invalid_body", None, r.body_text())
-        }
-    })?;
-    let mut p = speech::parse(&app.svc, &app.opts, &body)?;
+    let body = crate::body::read(body, headers, app.opts.body_times, &app.bodies).await?;
+    let mut p = speech::parse(&app.svc, &app.opts, &body.bytes)?;
+    drop(body);
     if let (Some(r), Some(cloner)) = (p.reference.take(), &app.svc.cloner) {
         let v = cloner.voice(r, app.svc.limits.queue_timeout).await?;
         p.req.voice.xvector = v.xvector;
@@ -315,6 +320,7 @@ async fn speech_inner(
             return Err(e);
         }
         Some(Event::End(Err(e))) => return Err(engine_error(&e)),
+        Some(Event::OverLimit { seconds }) => return Err(over_limit(seconds)),
         None => {
             return Err(ApiError::server(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -371,6 +377,16 @@ async fn speech_inner(
     Ok((resp, p.format))
 }
 
+/// A request whose audio reached the limit: the client's to split (400, never retried as a 5xx
+/// would be).
+fn over_limit(seconds: f64) -> ApiError {
+    ApiError::bad(
+        "audio_too_long",
+        Some("input"),
+        crate::service::over_limit_message(seconds),
+    )
+}
+
 /// The whole file, for `"stream": false`.
 async fn buffered(mut a: Admitted, first: Event, enc: &mut Encoder) -> Result<Response, ApiError> {
     let enc_err = |e: crate::encode::EncodeError| {
@@ -398,6 +414,7 @@ async fn buffered(mut a: Admitted, first: Event, enc: &mut Encoder) -> Result<Re
             }
             Some(Event::End(Ok(_))) => break,
             Some(Event::End(Err(e))) => return Err(engine_error(&e)),
+            Some(Event::OverLimit { seconds }) => return Err(over_limit(seconds)),
             Some(Event::QueueTimeout) | None => {
                 return Err(ApiError::server(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -487,7 +504,7 @@ fn chunks(
                 Some(Event::End(Ok(summary)))
                     if summary.stop == qtts::talker::StopReason::Cancelled =>
                 {
-                    // Cut short (shutdown, the audio limit): never end like a whole file.
+                    // Cut short (shutdown): never end like a whole file.
                     st.done = true;
                     let msg = crate::service::CUT_SHORT;
                     if sse_events {
@@ -500,6 +517,21 @@ fn chunks(
                         return Some((Ok(ev), st));
                     }
                     return Some((Err(fail(msg.into())), st));
+                }
+                Some(Event::OverLimit { seconds }) => {
+                    // Cut at the limit: the client's to split; never ends like a whole file.
+                    st.done = true;
+                    let msg = crate::service::over_limit_message(seconds);
+                    if sse_events {
+                        let ev = sse(
+                            "speech.audio.error",
+                            &json!({"type": "speech.audio.error", "error": {
+                                "message": msg, "type": "invalid_request_error",
+                                "param": "input", "code": "audio_too_long"}}),
+                        );
+                        return Some((Ok(ev), st));
+                    }
+                    return Some((Err(fail(msg)), st));
                 }
                 Some(Event::End(Ok(summary))) => {
                     st.done = true;
@@ -575,6 +607,17 @@ async fn voices(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 /// The names OpenAI clients send as `model`, listed beside the served model.
 const MODEL_ALIASES: [&str; 3] = ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"];
 
+/// The names `/v1/models` and `/v1/audio/models` list: the served model, and the aliases unless
+/// `--strict-model` refuses them.
+fn model_names(app: &App) -> impl Iterator<Item = &str> {
+    let aliases = if app.opts.strict_model {
+        &[][..]
+    } else {
+        &MODEL_ALIASES[..]
+    };
+    std::iter::once(app.svc.model_id.as_str()).chain(aliases.iter().copied())
+}
+
 async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Err(e) = check_key(&app, &headers) {
         return e.into_response();
@@ -583,8 +626,7 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let data: Vec<Value> = std::iter::once(app.svc.model_id.as_str())
-        .chain(MODEL_ALIASES)
+    let data: Vec<Value> = model_names(&app)
         .map(|id| json!({"id": id, "object": "model", "created": created, "owned_by": "qtts"}))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
@@ -594,8 +636,7 @@ async fn audio_models(State(app): State<Arc<App>>, headers: HeaderMap) -> Respon
     if let Err(e) = check_key(&app, &headers) {
         return e.into_response();
     }
-    let m: Vec<Value> = std::iter::once(app.svc.model_id.as_str())
-        .chain(MODEL_ALIASES)
+    let m: Vec<Value> = model_names(&app)
         .map(|id| json!({"id": id, "name": id}))
         .collect();
     axum::Json(json!({ "models": m })).into_response()

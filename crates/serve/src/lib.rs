@@ -7,6 +7,7 @@
 //! ```
 //!
 //! - [`service`]: admission, limits, voices, and the pump from an engine job to a front end.
+//! - [`body`]: request bodies read within bounds of size, time and shared memory.
 //! - [`http`]: the OpenAI speech API, models and voices lists, health and metrics routes.
 //! - [`wyoming`]: the Wyoming protocol, framing included.
 //! - [`encode`]: pcm, wav, mp3, opus and flac, chunk by chunk.
@@ -16,6 +17,7 @@
 //! threads are pinned by its own plan; one thread keeps Wyoming's `describe` answerable within
 //! Home Assistant's 1 s while the engine saturates the cores.
 
+pub mod body;
 pub mod clone;
 pub mod encode;
 pub mod http;
@@ -192,7 +194,9 @@ async fn warm_up(svc: &Arc<Service>) -> Result<(), ServeError> {
     loop {
         match a.next().await {
             Some(service::Event::End(Err(e))) => return Err(ServeError::Warmup(e)),
-            Some(service::Event::End(Ok(_))) | None | Some(service::Event::QueueTimeout) => {
+            Some(service::Event::End(Ok(_)))
+            | None
+            | Some(service::Event::QueueTimeout | service::Event::OverLimit { .. }) => {
                 return Ok(())
             }
             Some(service::Event::Audio(_)) => {}

@@ -66,12 +66,26 @@ pub enum Event {
     End(Result<Box<Summary>, EngineError>),
     /// The request waited longer than [`Limits::queue_timeout`] and was dropped before it ran.
     QueueTimeout,
+    /// The audio reached [`Limits::max_audio_seconds`] before the text's end: the request was
+    /// cut there (the client's to split; in place of `End`).
+    OverLimit {
+        /// The limit, in seconds of audio.
+        seconds: f64,
+    },
+}
+
+/// What a client is told when its audio reached the limit: how to split the request.
+pub fn over_limit_message(seconds: f64) -> String {
+    format!(
+        "the audio reached the limit of {} s per request before the end of the text; split the \
+         input into shorter requests",
+        qtts::sampling::shown(seconds)
+    )
 }
 
 /// What a client is told when its request ended before its end: it must not take the audio for
 /// a whole file.
-pub const CUT_SHORT: &str =
-    "the request was cancelled before its end (server shutdown or the per-request audio limit)";
+pub const CUT_SHORT: &str = "the request was cancelled before its end (server shutdown)";
 
 /// The code an engine error is reported with: the request's fault (`empty_input`,
 /// `invalid_request`) or the engine's (`engine_error`).
@@ -332,7 +346,10 @@ impl Admitted {
     /// The next event; `None` only if the pump died.
     pub async fn next(&mut self) -> Option<Event> {
         let e = self.rx.recv().await;
-        if matches!(e, Some(Event::End(_) | Event::QueueTimeout) | None) {
+        if matches!(
+            e,
+            Some(Event::End(_) | Event::QueueTimeout | Event::OverLimit { .. }) | None
+        ) {
             // Over: nothing left to cancel.
             self.canceller = None;
         }
@@ -454,7 +471,13 @@ fn pump(
     }
     m.duration.observe(admitted.elapsed().as_secs_f64());
     if !tx.is_closed() {
-        let _ = deliver(tx, Event::End(result.map(Box::new)), limits.write_stall);
+        let end = match (reason, result) {
+            (Some("audio_limit"), Ok(_)) => Event::OverLimit {
+                seconds: limits.max_audio_seconds,
+            },
+            (_, r) => Event::End(r.map(Box::new)),
+        };
+        let _ = deliver(tx, end, limits.write_stall);
     }
 }
 

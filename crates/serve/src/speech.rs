@@ -103,10 +103,48 @@ fn field_of(path: &str) -> Option<&'static str> {
     FIELDS.iter().find(|f| **f == head).copied()
 }
 
+/// The longest name a field takes (`model`, `voice`, `speaker`, `language`, ...): 256 characters.
+pub(crate) const MAX_NAME_CHARS: usize = 256;
+
+/// The body as exactly one JSON object in UTF-8, as OpenAI's API takes it: no array read by
+/// position, nothing after the object, no invalid UTF-8 even in a field this server ignores.
+fn body_text(body: &[u8]) -> Result<&str, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|e| {
+        ApiError::bad(
+            "invalid_json",
+            None,
+            format!(
+                "the body is not UTF-8 (byte {} is not): send a JSON object in UTF-8",
+                e.valid_up_to()
+            ),
+        )
+    })?;
+    if !text.trim_start().starts_with('{') {
+        return Err(ApiError::bad(
+            "invalid_json",
+            None,
+            "the body must be one JSON object ({\"input\": ..., \"voice\": ...})",
+        ));
+    }
+    Ok(text)
+}
+
+/// Refuses a name field longer than [`MAX_NAME_CHARS`].
+fn check_name(field: &'static str, value: Option<&str>) -> Result<(), ApiError> {
+    match value.map(|v| v.chars().count()) {
+        Some(n) if n > MAX_NAME_CHARS => Err(ApiError::bad(
+            "field_too_long",
+            Some(field),
+            format!("'{field}' has {n} characters; at most {MAX_NAME_CHARS} are taken"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn parse(svc: &Service, opts: &HttpOptions, body: &[u8]) -> Result<Parsed, ApiError> {
     let info = svc.info();
-    let de = &mut serde_json::Deserializer::from_slice(body);
-    let b: SpeechBody = serde_path_to_error::deserialize(de).map_err(|e| {
+    let de = &mut serde_json::Deserializer::from_str(body_text(body)?);
+    let b: SpeechBody = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let param = field_of(&path);
         let code = if param.is_some() {
@@ -120,6 +158,29 @@ pub(crate) fn parse(svc: &Service, opts: &HttpOptions, body: &[u8]) -> Result<Pa
             format!("the body is not the JSON expected: {e}"),
         )
     })?;
+    de.end().map_err(|e| {
+        ApiError::bad(
+            "invalid_json",
+            None,
+            format!("the body must be exactly one JSON object, with nothing after it: {e}"),
+        )
+    })?;
+    let voice_name = match &b.voice {
+        Some(VoiceField::Name(n)) => Some(n.as_str()),
+        Some(VoiceField::Object { id }) => Some(id.as_str()),
+        None => None,
+    };
+    for (field, value) in [
+        ("model", b.model.as_deref()),
+        ("voice", voice_name),
+        ("speaker", b.speaker.as_deref()),
+        ("response_format", b.response_format.as_deref()),
+        ("stream_format", b.stream_format.as_deref()),
+        ("language", b.language.as_deref()),
+        ("task_type", b.task_type.as_deref()),
+    ] {
+        check_name(field, value)?;
+    }
     if opts.strict_model {
         if let Some(m) = &b.model {
             if m != &svc.model_id {
@@ -191,7 +252,10 @@ pub(crate) fn parse(svc: &Service, opts: &HttpOptions, body: &[u8]) -> Result<Pa
         return Err(ApiError::bad(
             "invalid_speed",
             Some("speed"),
-            format!("speed {speed} is outside 0.25 to 4.0"),
+            format!(
+                "speed {} is outside 0.25 to 4.0",
+                qtts::sampling::shown(speed)
+            ),
         ));
     }
     if let Some(r) = b.sample_rate {
@@ -222,11 +286,17 @@ pub(crate) fn parse(svc: &Service, opts: &HttpOptions, body: &[u8]) -> Result<Pa
             ));
         }
     }
-    let name = match &b.voice {
-        Some(VoiceField::Name(n)) => Some(n.as_str()),
-        Some(VoiceField::Object { id }) => Some(id.as_str()),
-        None => b.speaker.as_deref(),
-    };
+    let name = voice_name.or(b.speaker.as_deref());
+    if reference.is_none() && name.is_some_and(|n| n.trim().is_empty()) {
+        return Err(ApiError::bad(
+            "voice_not_found",
+            Some("voice"),
+            format!(
+                "'voice' is empty: give a voice name, or leave it out for the default; available: {}",
+                svc.voices.names(info).join(", ")
+            ),
+        ));
+    }
     // With a reference to clone, a name the server does not know (clients must send one) is the
     // default voice: the reference gives the speaker.
     let resolved = match svc.voice(name) {
@@ -352,6 +422,23 @@ pub(crate) fn parse(svc: &Service, opts: &HttpOptions, body: &[u8]) -> Result<Pa
 /// The request's reference to clone (`ref_audio` with `ref_text`, or `x_vector_only_mode`),
 /// checked and decoded from base64; `None` without `ref_audio`.
 fn reference(svc: &Service, b: &SpeechBody) -> Result<Option<Reference>, ApiError> {
+    // Before anything else is looked at or decoded.
+    if let Some(n) = b
+        .ref_text
+        .as_deref()
+        .map(|t| t.chars().count())
+        .filter(|&n| n > svc.limits.max_input_chars)
+    {
+        return Err(ApiError::bad(
+            "ref_text_too_long",
+            Some("ref_text"),
+            format!(
+                "'ref_text' has {n} characters; at most {} are taken: give the transcript of a \
+                 3 to 10 s reference",
+                svc.limits.max_input_chars
+            ),
+        ));
+    }
     let Some(audio) = &b.ref_audio else {
         if b.ref_text.is_some() {
             return Err(ApiError::bad(
@@ -392,6 +479,7 @@ fn reference(svc: &Service, b: &SpeechBody) -> Result<Option<Reference>, ApiErro
         .as_deref()
         .map(str::trim)
         .filter(|t| !t.is_empty());
+
     let text = match (b.x_vector_only_mode == Some(true), text) {
         // The official `x_vector_only_mode` ignores the transcript.
         (true, _) => None,

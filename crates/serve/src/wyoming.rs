@@ -323,16 +323,27 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
     let (rd, mut wr) = sock.into_split();
     let mut rd = BufReader::new(rd);
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(WRITE_QUEUE);
-    let writer = tokio::spawn(async move {
-        while let Some(f) = out_rx.recv().await {
-            if wr.write_all(&f).await.is_err() {
-                return;
-            }
-        }
-        let _ = wr.shutdown().await;
-    });
-    let (work_tx, work_rx) = mpsc::channel::<Work>(WORK_QUEUE);
     let (close_tx, mut close_rx) = tokio::sync::watch::channel(false);
+    let close_tx = Arc::new(close_tx);
+    // A client that takes nothing for `write_stall` (it sends but never reads) is dropped: the
+    // writer gives up, and the reader and the synthesis task close with it.
+    let stall = svc.limits.write_stall;
+    let writer = {
+        let close = close_tx.clone();
+        tokio::spawn(async move {
+            while let Some(f) = out_rx.recv().await {
+                match tokio::time::timeout(stall, wr.write_all(&f)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) | Err(_) => {
+                        let _ = close.send(true);
+                        return;
+                    }
+                }
+            }
+            let _ = tokio::time::timeout(stall, wr.shutdown()).await;
+        })
+    };
+    let (work_tx, work_rx) = mpsc::channel::<Work>(WORK_QUEUE);
     let busy = Arc::new(AtomicUsize::new(0));
     let synth = tokio::spawn(synthesis(
         svc.clone(),
@@ -380,6 +391,7 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
                 .unwrap_or("")
                 .to_owned()
         };
+        let names = check_names(&ev);
         let mut fail = None;
         match ev.kind.as_str() {
             "describe" if out_tx.send((*info).clone()).await.is_err() => break,
@@ -400,7 +412,19 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
             "synthesize" => {
                 let text = text_of(&ev);
                 chars += text.chars().count();
-                if chars > svc.limits.max_input_chars {
+                if let Err(f) = names {
+                    fail = Some(f);
+                } else if !ev.data.get("text").is_some_and(Value::is_string) {
+                    fail = Some(Fail {
+                        text: "synthesize needs data.text, the text to speak (a string)".into(),
+                        code: "invalid_request",
+                    });
+                } else if text.trim().is_empty() {
+                    fail = Some(Fail {
+                        text: "synthesize's text is empty: give the text to speak".into(),
+                        code: "empty_input",
+                    });
+                } else if chars > svc.limits.max_input_chars {
                     fail = Some(too_long(&svc));
                 } else if send_work(
                     &work_tx,
@@ -416,9 +440,10 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
                     break;
                 }
             }
-            "synthesize-start" => {
-                streaming = Some((Sentences::default(), ev.data.get("voice").cloned()));
-            }
+            "synthesize-start" => match names {
+                Ok(()) => streaming = Some((Sentences::default(), ev.data.get("voice").cloned())),
+                Err(f) => fail = Some(f),
+            },
             "synthesize-chunk" => {
                 if let Some((s, voice)) = &mut streaming {
                     let text = text_of(&ev);
@@ -444,12 +469,16 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
                         let _ = send_work(&work_tx, &busy, Work::Speak { text: rest, voice }).await;
                     }
                     let _ = send_work(&work_tx, &busy, Work::Stopped).await;
+                } else {
+                    // A stop without a start still gets its answer (after the work queued).
+                    let _ = send_work(&work_tx, &busy, Work::Stopped).await;
                 }
             }
             // Servers drop events they do not know (audio from a client, select-program, ...).
             _ => {}
         }
         if let Some(f) = fail {
+            count(&svc, f.code);
             let _ = out_tx.send(f.frame()).await;
             break;
         }
@@ -477,6 +506,30 @@ async fn send_work(
     r
 }
 
+/// Refuses a voice name, speaker or language longer than the HTTP API takes
+/// ([`crate::speech::MAX_NAME_CHARS`]).
+fn check_names(ev: &Event) -> Result<(), Fail> {
+    let Some(voice) = ev.data.get("voice") else {
+        return Ok(());
+    };
+    for key in ["name", "speaker", "language"] {
+        let n = voice
+            .get(key)
+            .and_then(Value::as_str)
+            .map_or(0, |s| s.chars().count());
+        if n > crate::speech::MAX_NAME_CHARS {
+            return Err(Fail {
+                text: format!(
+                    "voice.{key} has {n} characters; at most {} are taken",
+                    crate::speech::MAX_NAME_CHARS
+                ),
+                code: "field_too_long",
+            });
+        }
+    }
+    Ok(())
+}
+
 fn too_long(svc: &Service) -> Fail {
     Fail {
         text: format!(
@@ -492,9 +545,12 @@ async fn synthesis(
     svc: Arc<Service>,
     mut work: mpsc::Receiver<Work>,
     out: mpsc::Sender<Vec<u8>>,
-    close: tokio::sync::watch::Sender<bool>,
+    close: Arc<tokio::sync::watch::Sender<bool>>,
     busy: Arc<AtomicUsize>,
 ) {
+    // Samples sent on this connection: the audio limit counts per connection, as HTTP's counts
+    // per request.
+    let mut sent = 0usize;
     while let Some(w) = work.recv().await {
         // Counted done whatever happens below (an early `break` included).
         struct Done<'a>(&'a AtomicUsize);
@@ -505,7 +561,9 @@ async fn synthesis(
         }
         let _done = Done(&busy);
         let r = match w {
-            Work::Speak { text, voice } => speak(&svc, &text, voice.as_ref(), &out).await,
+            Work::Speak { text, voice } => {
+                speak(&svc, &text, voice.as_ref(), &out, &mut sent).await
+            }
             Work::Stopped => out
                 .send(frame("synthesize-stopped", None, &[]))
                 .await
@@ -530,7 +588,18 @@ async fn speak(
     text: &str,
     voice: Option<&Value>,
     out: &mpsc::Sender<Vec<u8>>,
+    sent: &mut usize,
 ) -> Result<(), Option<Fail>> {
+    let max_samples = (svc.limits.max_audio_seconds * 24_000.0) as usize;
+    let over_limit = || {
+        Some(Fail {
+            text: crate::service::over_limit_message(svc.limits.max_audio_seconds),
+            code: "audio_limit",
+        })
+    };
+    if *sent >= max_samples {
+        return Err(over_limit());
+    }
     let text = text.trim();
     if text.is_empty() {
         return Ok(());
@@ -582,6 +651,11 @@ async fn speak(
     loop {
         match job.next().await {
             Some(Audio::Audio(c)) => {
+                *sent += c.len();
+                if *sent > max_samples {
+                    // Dropping the job cancels it.
+                    return Err(over_limit());
+                }
                 if !started {
                     let mut d = fmt.clone();
                     d["timestamp"] = json!(0);
@@ -619,6 +693,7 @@ async fn speak(
                     code: crate::service::error_code(&e),
                 }))
             }
+            Some(Audio::OverLimit { .. }) => return Err(over_limit()),
             Some(Audio::QueueTimeout) => {
                 return Err(Some(Fail {
                     text: "server busy: the request waited too long in the queue".into(),

@@ -8,9 +8,12 @@ use crate::cli::{qtts, read_wav, stderr};
 
 use qtts::model::convert::OutType;
 
+/// What [`serve`] gives back: each answer's status line and body, and the server's stderr.
+type Answers = (Vec<(String, Vec<u8>)>, String);
+
 /// Starts `qtts serve` on `model` (trailing text mode) with the voices of `voices`, posts each
 /// of `bodies` to `/v1/audio/speech`, and returns each answer's status line and body.
-fn serve(model: &str, voices: &str, home: &Path, bodies: &[String]) -> Vec<(String, Vec<u8>)> {
+fn serve(model: &str, voices: &str, home: &Path, bodies: &[String]) -> Answers {
     use std::io::{BufRead, Read, Write};
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_qtts"))
         .args([
@@ -31,7 +34,7 @@ fn serve(model: &str, voices: &str, home: &Path, bodies: &[String]) -> Vec<(Stri
         .env("HOME", home)
         .env("XDG_CACHE_HOME", home.join("cache"))
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
@@ -64,7 +67,9 @@ fn serve(model: &str, voices: &str, home: &Path, bodies: &[String]) -> Vec<(Stri
         .collect();
     child.kill().unwrap();
     child.wait().unwrap();
-    answers
+    let mut err = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    (answers, err)
 }
 
 /// Runs the command, which must fail saying `says`.
@@ -223,7 +228,12 @@ fn a_voice_is_added_listed_spoken_and_removed() {
             r#"{{"model":"tts-1","input":"How are you?","response_format":"pcm","stream":false,"max_new_tokens":4,"language":"english","temperature":0,"seed":1,{extra}}}"#
         )
     };
-    let answers = serve(
+    // A WAV whose format chunk says 0 Hz (symphonia panics on it, and each one logged a
+    // backtrace).
+    let mut zero_rate = std::fs::read(&reference).unwrap();
+    zero_rate[24..28].fill(0);
+    let zero_rate = base64::engine::general_purpose::STANDARD.encode(zero_rate);
+    let (answers, log) = serve(
         &model,
         v,
         home,
@@ -240,7 +250,18 @@ fn a_voice_is_added_listed_spoken_and_removed() {
             body(&format!(r#""ref_audio":"{data_url}""#)),
             body(r#""ref_audio":"https://example.com/a.wav","x_vector_only_mode":true"#),
             body(r#""ref_audio":"data:audio/wav;base64,bm90IGF1ZGlv","ref_text":"x""#),
+            body(&format!(
+                r#""ref_audio":"data:audio/wav;base64,{zero_rate}","ref_text":"x""#
+            )),
+            body(&format!(
+                r#""ref_audio":"{data_url}","ref_text":"{}""#,
+                "word ".repeat(1000)
+            )),
         ],
+    );
+    assert!(
+        !log.contains("panicked") && !log.contains("backtrace"),
+        "{log}"
     );
     for (i, (status, pcm)) in answers[..4].iter().enumerate() {
         assert!(
@@ -262,6 +283,8 @@ fn a_voice_is_added_listed_spoken_and_removed() {
         "missing_ref_text",
         "unsupported_ref_audio",
         "invalid_ref_audio",
+        "invalid_ref_audio",
+        "ref_text_too_long",
     ]) {
         let body = String::from_utf8_lossy(body);
         assert!(
