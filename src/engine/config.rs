@@ -41,6 +41,15 @@ impl DecoderWeights {
         }
     }
 
+    /// Whether the products of this type have a kernel on `tier` (bf16 needs AMX-BF16 or
+    /// AVX-512 BF16; f32 and q8_0 run everywhere).
+    pub fn runs_on(self, tier: crate::kernels::Tier) -> bool {
+        match self {
+            DecoderWeights::Bf16 => crate::kernels::bf16::Kernel::for_caps(tier.caps()).is_some(),
+            DecoderWeights::F32 | DecoderWeights::Q8_0 => true,
+        }
+    }
+
     /// Loads the decoder from `f` this way (f32 when `exact`).
     pub fn load(self, f: &GgufFile, exact: bool) -> Result<Decoder, ModelError> {
         match (self, exact) {

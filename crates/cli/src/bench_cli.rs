@@ -23,7 +23,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub models: Option<PathBuf>,
     /// Tokenizer directory (vocab.json, merges.txt, tokenizer_config.json) for writing the random
-    /// checkpoint, as found in every downloaded checkpoint.
+    /// checkpoint, as found in every downloaded checkpoint. Default: the released tokenizer in the
+    /// repository this `qtts` was built from (`tests/fixtures/tokenizer/released`), when it is
+    /// there.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Weight types of the talker and code predictor to measure, comma-separated.
@@ -55,7 +57,8 @@ pub struct BenchArgs {
     /// the same checkpoint; default: `$QTTS_REFERENCE_PYTHON`, else no reference.
     #[arg(long)]
     pub python: Option<PathBuf>,
-    /// `bench_reference.py` (default: `../shared/oracle/bench_reference.py` beside this checkout).
+    /// The oracle's `bench_reference.py`, a development tool that is not shipped (only with
+    /// `--python`).
     #[arg(long)]
     pub reference_script: Option<PathBuf>,
     /// Frames of each reference run (it runs about 10x slower than real time).
@@ -113,6 +116,13 @@ impl DecoderArg {
             DecoderArg::Q8_0 => DecoderWeights::Q8_0,
         }
     }
+}
+
+/// The released tokenizer in the repository `qtts` was built from, when it is still there.
+fn repository_tokenizer() -> Option<PathBuf> {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer/released");
+    dir.join("vocab.json").is_file().then_some(dir)
 }
 
 /// The name of `v` on the command line.
@@ -437,7 +447,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let mut printer = crate::progress_printer("bench models");
     let checkpoint = qtts::model::random::ensure_models(
         a.preset,
-        a.tokenizer.as_deref(),
+        a.tokenizer.clone().or_else(repository_tokenizer).as_deref(),
         &dir,
         &a.types,
         &mut |what, d, t| {
@@ -466,12 +476,10 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         .python
         .clone()
         .or_else(|| std::env::var_os("QTTS_REFERENCE_PYTHON").map(PathBuf::from));
-    let script = a.reference_script.clone().unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/oracle/bench_reference.py")
-    });
+    let script = a.reference_script.clone().unwrap_or_default();
     if let Some(p) = &python {
         anyhow::ensure!(
-            script.exists(),
+            script.is_file(),
             "--python {} given, but the reference script {} does not exist: pass --reference-script",
             p.display(),
             script.display()
@@ -504,6 +512,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     // Every combination, types outermost, tiers innermost; `auto` resolved for each tier (so
     // that the table names what ran), duplicates dropped.
     let mut configs: Vec<Config> = Vec::new();
+    // A decoder type the tier has no kernel for is skipped by name, not run (nor silently left).
+    let mut skipped: Vec<String> = Vec::new();
     for &ty in &a.types {
         for d in &a.decoder {
             for &plan in &a.plan {
@@ -520,7 +530,19 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                                     decoder_chunk,
                                     tier,
                                 };
-                                if !configs.contains(&c) {
+                                if !c.decoder.runs_on(tier) {
+                                    let why = format!(
+                                        "skipped: decoder {} on kernel tier {}: no {} kernel on \
+                                         this tier (CPU features: {})",
+                                        c.decoder.name(),
+                                        tier.name(),
+                                        c.decoder.name(),
+                                        qtts::kernels::Features::get().names().join(" ")
+                                    );
+                                    if !skipped.contains(&why) {
+                                        skipped.push(why);
+                                    }
+                                } else if !configs.contains(&c) {
                                     configs.push(c);
                                 }
                             }
@@ -530,6 +552,13 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
+    for why in &skipped {
+        eprintln!("bench: {why}");
+    }
+    anyhow::ensure!(
+        !configs.is_empty(),
+        "nothing to measure: every combination asked for was skipped"
+    );
     let mut decoders: Vec<DecoderWeights> = Vec::new();
     for c in &configs {
         if !decoders.contains(&c.decoder) {
@@ -586,6 +615,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         a.frames, a.runs, a.prebuffer_ms
     );
     print!("{}", bench::table(&rows, &refs));
+    for why in &skipped {
+        println!("{why}");
+    }
     for (c, runs) in configs.iter().zip(&reports) {
         for (i, r) in runs.iter().enumerate() {
             print!(

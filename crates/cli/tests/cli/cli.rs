@@ -416,6 +416,58 @@ fn bad_requests_are_explained() {
 }
 
 #[test]
+fn bench_skips_a_decoder_type_the_tier_has_no_kernel_for_by_name() {
+    let (tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let models = out.talker.parent().unwrap().to_str().unwrap().to_owned();
+    let bench = |decoders: &str| {
+        qtts(
+            &[
+                "bench",
+                "--models",
+                &models,
+                "--types",
+                "f32",
+                "--decoder",
+                decoders,
+                "--tiers",
+                "scalar",
+                "--frames",
+                "2",
+                "--runs",
+                "1",
+                "--prebuffer-ms",
+                "100",
+            ],
+            tmp.path(),
+        )
+    };
+    // The scalar tier has no bf16 kernel: bf16 is named as skipped, f32 is measured.
+    let r = bench("f32,bf16");
+    assert!(r.status.success(), "{}", stderr(&r));
+    let table = String::from_utf8_lossy(&r.stdout);
+    assert!(
+        table.contains("skipped: decoder bf16 on kernel tier scalar"),
+        "{table}"
+    );
+    assert!(
+        table.lines().any(|l| l.starts_with("f32 (dec f32")),
+        "{table}"
+    );
+    assert!(
+        !table.lines().any(|l| l.starts_with("f32 (dec bf16")),
+        "{table}"
+    );
+    // Nothing left to measure is an error that says why.
+    let r = bench("bf16");
+    assert!(!r.status.success());
+    assert!(
+        stderr(&r).contains("skipped: decoder bf16") && stderr(&r).contains("nothing to measure"),
+        "{}",
+        stderr(&r)
+    );
+}
+
+#[test]
 fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
     let (tmp, out) = common::convert_tiny("tiny", OutType::F32);
     let models = out.talker.parent().unwrap().to_str().unwrap().to_owned();
