@@ -1,6 +1,6 @@
 //! Voice cloning: a reference recording → what the talker needs to speak in its voice.
 //!
-//! Two encoders read the same 24 kHz mono waveform (`../shared/design/voice-clone.md` §1): the
+//! Two encoders read the same 24 kHz mono waveform, as in the official implementation: the
 //! speaker encoder ([`speaker`]) gives the x-vector that fills the prompt's speaker slot, the
 //! codec encoder ([`codec`]) gives the reference's codes for the in-context (ICL) prompt and for
 //! priming the decoder. Both run on the host in f32 from the mmproj's weights.
@@ -19,6 +19,7 @@ pub type Trace = Vec<(String, Vec<f32>, usize)>;
 
 pub mod clone;
 pub mod store;
+pub mod wav_header;
 
 pub use clone::{speaking_voice, Cloner, SharedCloner};
 pub use store::{ClonedVoice, VoiceModel, VoiceStore};

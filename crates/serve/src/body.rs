@@ -125,16 +125,20 @@ pub async fn read(
         let wait = (tokio::time::Instant::now() + times.idle).min(deadline);
         let next = match tokio::time::timeout_at(wait, stream.next()).await {
             Ok(n) => n,
-            Err(_) if wait == deadline => return Err(timed_out(format!(
+            Err(_) if wait == deadline => {
+                return Err(timed_out(format!(
                 "the body did not arrive within {} s ({} bytes came); send it whole and at once",
                 times.whole.as_secs_f64(),
                 out.len()
-            ))),
-            Err(_) => return Err(timed_out(format!(
+            )))
+            }
+            Err(_) => {
+                return Err(timed_out(format!(
                 "the body stalled: nothing came for {} s after {} bytes; send it whole and at once",
                 times.idle.as_secs_f64(),
                 out.len()
-            ))),
+            )))
+            }
         };
         let chunk = match next {
             None => break,
