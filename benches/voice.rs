@@ -1,6 +1,6 @@
 //! Voice cloning's encoders on the full-size 0.6B Base geometry: a 10 s speech-like reference
 //! through the speaker encoder (log-mel + ECAPA, ≈ 1 GFLOP/s of audio) and the codec encoder
-//! (SEANet + transformer + RVQ, ≈ 5.5 GFLOP/s of audio; `../shared/design/voice-clone.md` §6), on
+//! (SEANet + transformer + RVQ, ≈ 5.5 GFLOP/s of audio), on
 //! 1 and 2 threads: the 1-thread run is the in-run baseline of the split over threads. The issue's
 //! bar is both encoders in 0.8 s on 2 cores.
 //!

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates tests/fixtures/tokenizer/: the ids the official Hugging Face slow `Qwen2Tokenizer`
 (transformers 4.57.3, the class the qwen-tts package loads) gives for a varied corpus, read from the
-real tokenizer files in ../shared/qwen3-tts/tokenizer/.
+real tokenizer files in tests/fixtures/tokenizer/released/.
 
 Writes three files:
 - corpus.json:  [{"text": ..., "ids": [...]}, ...]  encode(text), no BOS/EOS (add_bos_token is false).
@@ -24,7 +24,7 @@ import transformers
 from transformers import Qwen2Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOK_DIR = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "..", "shared", "qwen3-tts", "tokenizer")
+TOK_DIR = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "fixtures", "tokenizer", "released")
 OUT = os.path.join(ROOT, "tests", "fixtures", "tokenizer")
 
 # The two checks of MODEL-NOTES.md §2.7, verbatim.

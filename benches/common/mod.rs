@@ -21,7 +21,7 @@ pub fn models_for(preset: Preset, name: &str, types: &[OutType]) -> PathBuf {
     let target =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
     let dir = target.join("qtts-bench").join(name);
-    let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tts/tokenizer");
+    let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/released");
     qtts::model::random::ensure_models(preset, Some(&tok), &dir, types, &mut |what, _, total| {
         if total == 0 {
             eprintln!("bench models: {what} in {}", dir.display());

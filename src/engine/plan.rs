@@ -44,7 +44,7 @@ impl ThreadPlan {
     /// every core count but 2). The talker and the code predictor alternate, so they share the
     /// same cores without competing; the decoder gets the others. Never more ggml threads than
     /// cores in a stage's set: ggml threads plus another busy thread on the same core collapse
-    /// throughput (10x, `../shared/origin`).
+    /// throughput (10x, measured on the phone SoC engine this design comes from).
     /// - 1 core: everything on core 0, 1 thread each.
     /// - 2 cores: talker and CP on core 0, decoder on core 1, 1 thread each.
     /// - n ≥ 3: talker and CP on the first ⌈n/2⌉ cores, the decoder on the rest.

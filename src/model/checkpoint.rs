@@ -19,7 +19,8 @@ use safetensors::tensor::Dtype;
 use super::config::{CheckpointConfig, EncoderConfig, ModelType, SpeakerEncoderConfig};
 use crate::error::ModelError;
 
-/// How a tensor is initialised by `qtts random-model` (the scheme of `../shared/oracle/oracle_common.py`).
+/// How a tensor is initialised by `qtts random-model` (the oracle's scheme, see
+/// [`crate::model::random`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Init {
     /// N(0, 1) / sqrt(fan_in): Linear and Conv weights.

@@ -2,7 +2,8 @@
 //!
 //! The real weights cannot be downloaded on the machines this project is built on, and the cost of
 //! inference does not depend on weight values, so benches and demos run on these.
-//! The initialisation follows the scheme of `../shared/oracle/oracle_common.py` (`oracle_init`):
+//! The initialisation follows the scheme of the oracle (`oracle_init` of the development tools
+//! that made `tests/fixtures`, not shipped):
 //! fan-in scaled normals, so that every activation stays O(1) and no branch is numerically
 //! invisible; the decoder's residual branches are damped by 0.3 as there.
 //! Values are not those of the oracle (a different generator): these files are for speed, the

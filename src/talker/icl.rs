@@ -1,5 +1,5 @@
 //! The in-context (ICL) part of a cloned voice's prompt (`generate_icl_prompt` of the official
-//! implementation; `../shared/design/voice-clone.md` §4).
+//! implementation).
 
 use super::{Talker, TalkerError, TextInput, TextMode, Voice};
 

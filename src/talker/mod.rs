@@ -173,7 +173,7 @@ pub enum TextMode {
     /// and the target text follows one token per frame. The prompt then depends on the voice
     /// alone, so a saved voice's prompt is reused whole by the next request and its first audio
     /// comes as soon as a CustomVoice speaker's. **Not the official layout** (which overlays the
-    /// target text on the reference's codes, `../shared/design/voice-clone.md` §4.3); its quality
+    /// target text on the reference's codes); its quality
     /// is unverified without real weights. Without a reference it is [`TextMode::Streaming`].
     Trailing,
 }

@@ -21,14 +21,14 @@ pub fn fixture(name: &str) -> PathBuf {
     root().join("tests").join("fixtures").join(name)
 }
 
-/// The released Qwen3-TTS tokenizer (`vocab.json`, `merges.txt`, `tokenizer_config.json`), which
-/// stays outside the project: `$QTTS_TOKENIZER`, else `../shared/qwen3-tts/tokenizer` beside this
-/// checkout. When neither holds it, the test fails saying where to get it: a test that needs the
+/// The released Qwen3-TTS tokenizer (`vocab.json`, `merges.txt`, `tokenizer_config.json`):
+/// `$QTTS_TOKENIZER`, else the copy in `tests/fixtures/tokenizer/released` (Apache-2.0, with its
+/// notice). When neither holds it, the test fails saying where to get it: a test that needs the
 /// real tokenizer never passes without it.
 pub fn tokenizer_dir() -> PathBuf {
     let dir = match std::env::var_os("QTTS_TOKENIZER") {
         Some(d) => PathBuf::from(d),
-        None => root().join("../shared/qwen3-tts/tokenizer"),
+        None => fixture("tokenizer/released"),
     };
     assert!(
         dir.join("vocab.json").is_file() && dir.join("merges.txt").is_file(),

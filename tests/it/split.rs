@@ -1,4 +1,4 @@
-//! Text clean-up and splitting, with the released Qwen2 tokenizer (`../shared`): a 5,000-character
+//! Text clean-up and splitting, with the released Qwen2 tokenizer (`tests/fixtures/tokenizer/released`): a 5,000-character
 //! paragraph is cut into segments within the token limit, at the best boundary available, and
 //! nothing but whitespace is lost.
 

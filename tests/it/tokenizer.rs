@@ -1,5 +1,5 @@
 //! The text tokenizer against the reference `Qwen2Tokenizer` (transformers 4.57.3, slow), on the
-//! real Qwen3-TTS tokenizer files in `../shared/qwen3-tts/tokenizer/`.
+//! real Qwen3-TTS tokenizer files in `tests/fixtures/tokenizer/released/`.
 //! The expected ids are in `tests/fixtures/tokenizer/` (`tools/make_tokenizer_fixture.py`).
 
 use std::collections::BTreeMap;

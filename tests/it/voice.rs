@@ -2,7 +2,7 @@
 //! `tools/oracle/make_voice.py`: a tiny Base checkpoint with a narrow ECAPA, the tiny Mimi encoder
 //! with `sliding_window` 16, and every stage of both encoders).
 //!
-//! Tolerances (`../shared/design/voice-clone.md` §5.2): each stage within 1e-4 of its peak;
+//! Tolerances: each stage within 1e-4 of its peak;
 //! log-mel within 1e-3 where the mel is at least 1e-3; codes exact wherever the nearest-neighbour
 //! margin exceeds τ·(1 + d²) with τ = 1e-4, teacher-forced level by level and free-running.
 
