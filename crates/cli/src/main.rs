@@ -64,8 +64,9 @@ enum Command {
         /// `| ffplay -`), its WAV header's lengths left unknown as on any pipe.
         #[arg(long)]
         out: PathBuf,
-        /// Sample format of the file.
-        #[arg(long, value_enum, default_value = "f32")]
+        /// Sample format: s16 (16-bit PCM, what every reader opens, Python's `wave` included)
+        /// or f32 (32-bit float, the engine's samples exactly).
+        #[arg(long, value_enum, default_value = "s16")]
         sample_format: qtts::audio::SampleFormat,
         /// Raw samples without a WAV header (24 kHz mono, little-endian, --sample-format): e.g.
         /// `--out - --raw --sample-format s16 | aplay -f S16_LE -r 24000`.
@@ -651,7 +652,7 @@ fn main() -> anyhow::Result<()> {
             args,
             out: Some(out),
             ..
-        } => synth(&args, &out, qtts::audio::SampleFormat::F32, false)?,
+        } => synth(&args, &out, qtts::audio::SampleFormat::S16, false)?,
         Command::Speak {
             args,
             prebuffer_ms,

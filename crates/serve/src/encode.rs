@@ -10,12 +10,12 @@
 //! | `wav` | a 44-byte header whose sizes are 0xFFFFFFFF (streaming) or exact (buffered), then s16le |
 //! | `mp3` | MPEG-2 Layer III 64 kbps CBR frames; no ID3 tag, no Xing/Info frame |
 //! | `opus` | Ogg Opus: OpusHead and OpusTags pages, then 20 ms packets, one page per chunk |
-//! | `flac` | `fLaC` + STREAMINFO (totals 0 = unknown when streaming), then 1920-sample frames |
+//! | `flac` | one whole file at the end, streamed or not: STREAMINFO with its totals and MD5, then 1920-sample frames (a stream with unknown totals is refused by libsndfile's `read`, the usual Python reader) |
 
 use flacenc::bitsink::MemSink;
-use flacenc::component::{BitRepr, Stream, StreamInfo};
+use flacenc::component::BitRepr;
 use flacenc::error::Verify;
-use flacenc::source::{Fill, FrameBuf, MemSource};
+use flacenc::source::MemSource;
 
 /// The engine's sample rate.
 pub const RATE: u32 = qtts::audio::SAMPLE_RATE;
@@ -151,8 +151,7 @@ enum Inner {
     WavBuffered(Vec<f32>),
     Mp3(Box<rusty_mp3::Mp3Encoder>, bool),
     Opus(Box<OggOpus>),
-    Flac(Box<FlacStream>),
-    /// Buffered FLAC: totals and MD5 in STREAMINFO.
+    /// FLAC, always whole at `finish`: totals and MD5 in STREAMINFO.
     FlacBuffered(Vec<f32>),
 }
 
@@ -163,8 +162,9 @@ impl std::fmt::Debug for Encoder {
 }
 
 impl Encoder {
-    /// An encoder for `format`; `streaming: false` makes the formats whose header states totals
-    /// (wav, flac) write exact ones, at the cost of sending everything at [`Encoder::finish`].
+    /// An encoder for `format`; `streaming: false` makes WAV, whose header states totals, write
+    /// exact ones, at the cost of sending everything at [`Encoder::finish`]. FLAC is always sent
+    /// whole, with its totals (see the module docs).
     pub fn new(format: Format, streaming: bool) -> Result<Encoder, EncodeError> {
         let inner = match (format, streaming) {
             (Format::Pcm, _) => Inner::Pcm,
@@ -178,8 +178,7 @@ impl Encoder {
                 false,
             ),
             (Format::Opus, _) => Inner::Opus(Box::new(OggOpus::new()?)),
-            (Format::Flac, true) => Inner::Flac(Box::new(FlacStream::new()?)),
-            (Format::Flac, false) => Inner::FlacBuffered(Vec::new()),
+            (Format::Flac, _) => Inner::FlacBuffered(Vec::new()),
         };
         Ok(Encoder { inner })
     }
@@ -203,7 +202,6 @@ impl Encoder {
                 drain_mp3(enc, tag_dropped, &mut out);
             }
             Inner::Opus(o) => o.push(samples, false, &mut out)?,
-            Inner::Flac(f) => f.push(samples, false, &mut out)?,
         }
         Ok(out)
     }
@@ -234,7 +232,6 @@ impl Encoder {
                 drain_mp3(enc, tag_dropped, &mut out);
             }
             Inner::Opus(o) => o.push(&[], true, &mut out)?,
-            Inner::Flac(f) => f.push(&[], true, &mut out)?,
             Inner::FlacBuffered(all) => {
                 out = flac_file(all)?;
                 all.clear();
@@ -380,57 +377,6 @@ fn flac_config() -> Result<flacenc::error::Verified<flacenc::config::Encoder>, E
         .map_err(|(_, e)| err("flac", format!("{e:?}")))
 }
 
-/// A FLAC stream of unknown length: STREAMINFO with totals 0, then one frame per block.
-struct FlacStream {
-    config: flacenc::error::Verified<flacenc::config::Encoder>,
-    info: StreamInfo,
-    buf: FrameBuf,
-    pending: Vec<i32>,
-    frames: usize,
-    header_sent: bool,
-}
-
-impl FlacStream {
-    fn new() -> Result<FlacStream, EncodeError> {
-        let mut info = StreamInfo::new(RATE as usize, 1, 16).map_err(|e| err("flac", e))?;
-        info.set_block_sizes(FLAC_BLOCK, FLAC_BLOCK)
-            .map_err(|e| err("flac", e))?;
-        Ok(FlacStream {
-            config: flac_config()?,
-            info,
-            buf: FrameBuf::with_size(1, FLAC_BLOCK).map_err(|e| err("flac", e))?,
-            pending: Vec::new(),
-            frames: 0,
-            header_sent: false,
-        })
-    }
-
-    fn push(&mut self, samples: &[f32], last: bool, out: &mut Vec<u8>) -> Result<(), EncodeError> {
-        if !self.header_sent {
-            let header = Stream::with_stream_info(self.info.clone());
-            out.extend_from_slice(&flac_bytes(&header)?);
-            self.header_sent = true;
-        }
-        self.pending
-            .extend(samples.iter().map(|&x| i32::from(to_s16(x))));
-        let mut at = 0;
-        while self.pending.len() - at >= FLAC_BLOCK || (last && at < self.pending.len()) {
-            let n = (self.pending.len() - at).min(FLAC_BLOCK);
-            self.buf
-                .fill_interleaved(&self.pending[at..at + n])
-                .map_err(|e| err("flac", e))?;
-            let frame =
-                flacenc::encode_fixed_size_frame(&self.config, &self.buf, self.frames, &self.info)
-                    .map_err(|e| err("flac", e))?;
-            out.extend_from_slice(&flac_bytes(&frame)?);
-            self.frames += 1;
-            at += n;
-        }
-        self.pending.drain(..at);
-        Ok(())
-    }
-}
-
 /// A whole FLAC file with exact totals and MD5.
 fn flac_file(samples: &[f32]) -> Result<Vec<u8>, EncodeError> {
     let pcm: Vec<i32> = samples.iter().map(|&x| i32::from(to_s16(x))).collect();
@@ -557,34 +503,29 @@ mod tests {
         assert!(packets * 480 >= a.len() + pre_skip as usize / 2);
     }
 
-    /// A streamed FLAC: STREAMINFO says 24 kHz, 16 bits, totals unknown; frames follow.
+    /// FLAC, streamed or not: one whole file at the end, STREAMINFO saying 24 kHz, 16 bits and
+    /// the total, then one frame per 1920 samples.
     #[test]
-    fn flac_stream_header_and_frames() {
-        let a = tone(1920 * 2);
-        let mut e = Encoder::new(Format::Flac, true).unwrap();
-        let mut bytes = e.push(&a[..1920]).unwrap();
-        bytes.extend(e.push(&a[1920..]).unwrap());
-        bytes.extend(e.finish().unwrap());
-        assert_eq!(&bytes[..4], b"fLaC");
-        assert_eq!(bytes[4], 0x80, "STREAMINFO, the last metadata block");
-        let si = &bytes[8..8 + 34];
-        assert_eq!(u16::from_be_bytes([si[0], si[1]]), 1920);
-        // 20 bits of rate, 3 of channels-1, 5 of bits-1, 36 of total samples.
-        let packed = u64::from_be_bytes(si[10..18].try_into().unwrap());
-        assert_eq!(packed >> 44, 24_000);
-        assert_eq!((packed >> 41) & 7, 0);
-        assert_eq!((packed >> 36) & 31, 15);
-        assert_eq!(packed & ((1 << 36) - 1), 0, "total samples unknown");
-        // Two frames, each starting with the fixed-block-size sync code.
-        let frames = bytes[42..]
-            .windows(2)
-            .filter(|w| w == &[0xff, 0xf8])
-            .count();
-        assert!(frames >= 2);
-        let mut buffered = Encoder::new(Format::Flac, false).unwrap();
-        buffered.push(&a).unwrap();
-        let b = buffered.finish().unwrap();
-        let packed = u64::from_be_bytes(b[8 + 10..8 + 18].try_into().unwrap());
-        assert_eq!(packed & ((1 << 36) - 1), a.len() as u64);
+    fn flac_is_whole_with_its_totals() {
+        let a = tone(1920 * 2 + 100);
+        for streaming in [true, false] {
+            let mut e = Encoder::new(Format::Flac, streaming).unwrap();
+            assert!(e.push(&a[..1920]).unwrap().is_empty());
+            assert!(e.push(&a[1920..]).unwrap().is_empty());
+            let bytes = e.finish().unwrap();
+            assert_eq!(&bytes[..4], b"fLaC");
+            let si = &bytes[8..8 + 34];
+            assert_eq!(u16::from_be_bytes([si[2], si[3]]), 1920, "largest block");
+            // 20 bits of rate, 3 of channels-1, 5 of bits-1, 36 of total samples.
+            let packed = u64::from_be_bytes(si[10..18].try_into().unwrap());
+            assert_eq!(packed >> 44, 24_000);
+            assert_eq!((packed >> 41) & 7, 0);
+            assert_eq!((packed >> 36) & 31, 15);
+            assert_eq!(
+                packed & ((1 << 36) - 1),
+                a.len() as u64,
+                "streaming {streaming}"
+            );
+        }
     }
 }

@@ -190,6 +190,8 @@ fn exact_from_a_checkpoint_reproduces_the_oracle_and_quantized_files_are_refused
         qtts(
             &[
                 "synth",
+                "--sample-format",
+                "f32",
                 "--model",
                 model.to_str().unwrap(),
                 "--token-ids",

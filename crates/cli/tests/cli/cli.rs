@@ -25,12 +25,16 @@ pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The samples of a WAV file as f32: float files as they are, 16-bit PCM scaled by 1/32768.
 pub(crate) fn read_wav(p: &Path) -> Vec<f32> {
-    hound::WavReader::open(p)
-        .unwrap()
-        .samples::<f32>()
-        .map(Result::unwrap)
-        .collect()
+    let mut r = hound::WavReader::open(p).unwrap();
+    match r.spec().sample_format {
+        hound::SampleFormat::Float => r.samples::<f32>().map(Result::unwrap).collect(),
+        hound::SampleFormat::Int => r
+            .samples::<i16>()
+            .map(|s| f32::from(s.unwrap()) / 32768.0)
+            .collect(),
+    }
 }
 
 #[test]
@@ -67,6 +71,8 @@ fn synth_reproduces_the_oracle(tier: Option<qtts::kernels::Tier>) {
             // The non-streaming run also puts the code predictor on every core (exact too).
             let mut args = vec![
                 "synth",
+                "--sample-format",
+                "f32",
                 "--model",
                 &dir,
                 "--token-ids",
@@ -370,6 +376,13 @@ fn no_sound_card_gets_a_clear_message() {
     );
     assert!(r.status.success(), "{}", stderr(&r));
     assert_eq!(read_wav(&wav).len(), 2 * 1920);
+    // By default the file is plain 16-bit PCM (format tag 1, a 16-byte fmt chunk): what every
+    // reader opens, Python's `wave` included (it refuses float and WAVE_FORMAT_EXTENSIBLE).
+    let bytes = std::fs::read(&wav).unwrap();
+    let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
+    assert_eq!(&bytes[12..16], b"fmt ");
+    assert_eq!(u32::from_le_bytes(bytes[16..20].try_into().unwrap()), 16);
+    assert_eq!((u16_at(20), u16_at(22), u16_at(34)), (1, 1, 16));
 }
 
 #[test]
@@ -572,17 +585,26 @@ fn bench_prints_one_table_of_medians_and_the_runs_as_json() {
             assert!(stages.contains(&want), "{want} missing from {stages:?}");
         }
     }
-    // A directory without the weights, and nothing to make them from: a clear error.
+    // A directory without the weights, and a tokenizer directory without the files to make them
+    // with: a clear error, before any weight is written.
+    let no_tokenizer = tmp.path().join("no-tokenizer");
+    std::fs::create_dir_all(&no_tokenizer).unwrap();
     let r = qtts(
         &[
             "bench",
             "--models",
             tmp.path().join("empty").to_str().unwrap(),
+            "--tokenizer",
+            no_tokenizer.to_str().unwrap(),
             "--types",
             "q8_0",
         ],
         tmp.path(),
     );
     assert!(!r.status.success());
-    assert!(stderr(&r).contains("pass --tokenizer"), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains("tokenizer file missing"),
+        "{}",
+        stderr(&r)
+    );
 }

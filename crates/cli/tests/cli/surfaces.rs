@@ -28,6 +28,8 @@ fn the_shared_table_through_the_command() {
             "--out".into(),
             "-".into(),
             "--raw".into(),
+            "--sample-format".into(),
+            "f32".into(),
             "--max-frames".into(),
             frames.clone(),
             "--min-frames".into(),

@@ -6,6 +6,7 @@ import io
 import json
 import socket
 import time
+import wave
 
 import httpx2 as httpx
 import numpy as np
@@ -143,6 +144,23 @@ def test_buffered_files_have_exact_sizes(server):
     r = httpx.post(server.base + "/v1/audio/speech", json={**body, "response_format": "flac"})
     audio, rate = soundfile.read(io.BytesIO(r.content), dtype="int16")
     assert rate == 24000 and audio.tobytes() == ref
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_wav_and_flac_open_in_the_usual_readers(server, stream):
+    """soundfile (libsndfile) reads FLAC and WAV whole, streamed or not, and Python's `wave` reads
+    the WAV: the same samples as the raw pcm."""
+    ref, _ = pcm(server)
+    body = {"model": "tts-1", "voice": "vivian", "input": "Hello there.", "stream": stream, **EXTRA}
+    for fmt in ("flac", "wav"):
+        r = httpx.post(server.base + "/v1/audio/speech", json={**body, "response_format": fmt})
+        assert r.status_code == 200
+        audio, rate = soundfile.read(io.BytesIO(r.content), dtype="int16")
+        assert rate == 24000 and audio.tobytes() == ref, (fmt, stream, len(audio))
+        if fmt == "wav":
+            with wave.open(io.BytesIO(r.content)) as w:
+                assert (w.getframerate(), w.getsampwidth(), w.getnchannels()) == (24000, 2, 1)
+                assert w.readframes(SAMPLES + 1) == ref
 
 
 @pytest.mark.parametrize("kw,code,param", [
