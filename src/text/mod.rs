@@ -32,6 +32,7 @@
 //! test).
 
 pub mod bpe;
+pub mod feed;
 mod pretokenize;
 pub mod split;
 
@@ -44,6 +45,7 @@ use serde::Deserialize;
 use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 use bpe::{byte_chars, pair_key, Bpe, ByteDecoder, Merge, MergeTable, Scratch};
+pub use feed::{NotUtf8, TextFeed};
 pub use pretokenize::{pre_tokenize, PreTokens, QWEN2_PATTERN};
 
 /// The largest token id a tokenizer may have. The ids of `vocab.json` and `tokenizer_config.json`
@@ -511,6 +513,12 @@ impl Tokenizer {
             IsNormalized::Yes => Cow::Borrowed(text),
             _ => Cow::Owned(text.nfc().collect()),
         };
+        self.encode_normalized_into(&text, out);
+    }
+
+    /// [`Tokenizer::encode_into`] of text already NFC-normalized (steps 2 to 4 of the module
+    /// docs).
+    fn encode_normalized_into(&self, text: &str, out: &mut Vec<u32>) {
         let mut scratch = Scratch::default();
         let mut last = 0;
         if let Some(matcher) = &self.added_matcher {
