@@ -136,18 +136,6 @@ pub fn load_reference(path: &Path) -> Result<Vec<f32>, AudioInError> {
     if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
         hint.with_extension(ext);
     }
-    let mut head = Vec::with_capacity(WAV_HEAD);
-    {
-        use std::io::{Read, Seek};
-        let mut f = &file;
-        let io = |e| AudioInError::Io {
-            what: what.clone(),
-            source: e,
-        };
-        f.take(WAV_HEAD as u64).read_to_end(&mut head).map_err(io)?;
-        f.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
-    }
-    check_wav_header(&head, &what)?;
     let audio = decode(Box::new(file), hint, &what)?;
     prepare(audio, &what)
 }
@@ -163,7 +151,6 @@ pub fn load_reference_bytes(
         hint.with_extension(ext);
     }
     let what = "reference audio".to_string();
-    check_wav_header(&bytes, &what)?;
     let audio = decode(Box::new(std::io::Cursor::new(bytes)), hint, &what)?;
     prepare(audio, &what)
 }
@@ -228,7 +215,26 @@ fn prepare(audio: Audio, what: &str) -> Result<Vec<f32>, AudioInError> {
 /// Decodes a whole stream to mono at its own rate, refusing more than
 /// [`MAX_REFERENCE_SECONDS`] without decoding past them. A decoder that panics on a damaged
 /// file is reported as [`AudioInError::Corrupt`].
-pub fn decode(source: Box<dyn MediaSource>, hint: Hint, what: &str) -> Result<Audio, AudioInError> {
+pub fn decode(
+    mut source: Box<dyn MediaSource>,
+    hint: Hint,
+    what: &str,
+) -> Result<Audio, AudioInError> {
+    // A WAV's format chunk is checked before the decoder sees it (`check_wav_header`).
+    if source.is_seekable() {
+        use std::io::{Read, Seek};
+        let io = |e| AudioInError::Io {
+            what: what.into(),
+            source: e,
+        };
+        let mut head = Vec::with_capacity(WAV_HEAD);
+        (&mut source)
+            .take(WAV_HEAD as u64)
+            .read_to_end(&mut head)
+            .map_err(io)?;
+        source.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
+        check_wav_header(&head, what)?;
+    }
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         decode_inner(source, hint, what)
     })) {

@@ -116,10 +116,10 @@ pub async fn read(
     if let Some(n) = declared.filter(|&n| n > BODY_LIMIT as u64) {
         return Err(too_large(format!("{n} bytes")));
     }
-    let start = tokio::time::Instant::now();
-    let deadline = start + times.whole;
+    let deadline = tokio::time::Instant::now() + times.whole;
     let mut stream = body.into_data_stream();
-    let mut out: Vec<u8> = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    // Grown as bytes come (and are taken from the budget), never sized by what is declared.
+    let mut out: Vec<u8> = Vec::new();
     let mut held: Option<OwnedSemaphorePermit> = None;
     loop {
         let wait = (tokio::time::Instant::now() + times.idle).min(deadline);

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -128,7 +128,6 @@ pub fn router(svc: Arc<Service>, opts: HttpOptions) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(app)
 }
 
@@ -450,6 +449,17 @@ fn usage(s: &Summary) -> Value {
     })
 }
 
+/// How a body already begun ends on an error: SSE sends `speech.audio.error` with the error's
+/// envelope, raw audio is broken off (an I/O error ends the chunked body).
+fn broken_off(e: ApiError, sse_events: bool) -> Result<Bytes, std::io::Error> {
+    if sse_events {
+        let ev = json!({"type": "speech.audio.error", "error": e.body()["error"]});
+        Ok(sse("speech.audio.error", &ev))
+    } else {
+        Err(std::io::Error::other(e.message))
+    }
+}
+
 /// The body stream: encoded audio as it comes (raw or as SSE deltas). An engine error after the
 /// first byte ends the body with an error, so the client sees a broken chunked body rather than
 /// a short file it would take as whole (SSE sends `speech.audio.error` first).
@@ -506,32 +516,17 @@ fn chunks(
                 {
                     // Cut short (shutdown): never end like a whole file.
                     st.done = true;
-                    let msg = crate::service::CUT_SHORT;
-                    if sse_events {
-                        let ev = sse(
-                            "speech.audio.error",
-                            &json!({"type": "speech.audio.error", "error": {
-                                "message": msg, "type": "server_error",
-                                "param": null, "code": "cancelled"}}),
-                        );
-                        return Some((Ok(ev), st));
-                    }
-                    return Some((Err(fail(msg.into())), st));
+                    let e = ApiError::server(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "cancelled",
+                        crate::service::CUT_SHORT,
+                    );
+                    return Some((broken_off(e, sse_events), st));
                 }
                 Some(Event::OverLimit { seconds }) => {
                     // Cut at the limit: the client's to split; never ends like a whole file.
                     st.done = true;
-                    let msg = crate::service::over_limit_message(seconds);
-                    if sse_events {
-                        let ev = sse(
-                            "speech.audio.error",
-                            &json!({"type": "speech.audio.error", "error": {
-                                "message": msg, "type": "invalid_request_error",
-                                "param": "input", "code": "audio_too_long"}}),
-                        );
-                        return Some((Ok(ev), st));
-                    }
-                    return Some((Err(fail(msg)), st));
+                    return Some((broken_off(over_limit(seconds), sse_events), st));
                 }
                 Some(Event::End(Ok(summary))) => {
                     st.done = true;
@@ -555,16 +550,12 @@ fn chunks(
                 }
                 Some(Event::End(Err(e))) => {
                     st.done = true;
-                    if sse_events {
-                        let ev = sse(
-                            "speech.audio.error",
-                            &json!({"type": "speech.audio.error", "error": {
-                                "message": e.to_string(), "type": "server_error",
-                                "param": null, "code": "engine_error"}}),
-                        );
-                        return Some((Ok(ev), st));
-                    }
-                    return Some((Err(fail(e.to_string())), st));
+                    let e = ApiError::server(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "engine_error",
+                        e.to_string(),
+                    );
+                    return Some((broken_off(e, sse_events), st));
                 }
                 Some(Event::QueueTimeout) | None => {
                     st.done = true;

@@ -44,6 +44,13 @@ pub struct Limits {
     pub write_stall: Duration,
 }
 
+impl Limits {
+    /// [`Limits::max_audio_seconds`] in samples at 24 kHz.
+    pub fn max_samples(&self) -> usize {
+        (self.max_audio_seconds * 24_000.0) as usize
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -389,7 +396,7 @@ fn pump(
     let mut first_audio: Option<Instant> = None;
     let mut samples = 0usize;
     let mut reason: Option<&'static str> = None;
-    let max_samples = (limits.max_audio_seconds * 24_000.0) as usize;
+    let max_samples = limits.max_samples();
     let cancel = |job: &Job, why: &'static str, reason: &mut Option<&'static str>| {
         if reason.is_none() {
             *reason = Some(why);

@@ -479,7 +479,6 @@ fn reference(svc: &Service, b: &SpeechBody) -> Result<Option<Reference>, ApiErro
         .as_deref()
         .map(str::trim)
         .filter(|t| !t.is_empty());
-
     let text = match (b.x_vector_only_mode == Some(true), text) {
         // The official `x_vector_only_mode` ignores the transcript.
         (true, _) => None,

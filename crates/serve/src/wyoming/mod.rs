@@ -284,11 +284,9 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
                     if let Some(rest) = s.finish() {
                         let _ = send_work(&work_tx, &busy, Work::Speak { text: rest, voice }).await;
                     }
-                    let _ = send_work(&work_tx, &busy, Work::Stopped).await;
-                } else {
-                    // A stop without a start still gets its answer (after the work queued).
-                    let _ = send_work(&work_tx, &busy, Work::Stopped).await;
                 }
+                // Answered after the work queued, a stop without a start included.
+                let _ = send_work(&work_tx, &busy, Work::Stopped).await;
             }
             // Servers drop events they do not know (audio from a client, select-program, ...).
             _ => {}
@@ -406,7 +404,7 @@ async fn speak(
     out: &mpsc::Sender<Vec<u8>>,
     sent: &mut usize,
 ) -> Result<(), Option<Fail>> {
-    let max_samples = (svc.limits.max_audio_seconds * 24_000.0) as usize;
+    let max_samples = svc.limits.max_samples();
     let over_limit = || {
         Some(Fail {
             text: crate::service::over_limit_message(svc.limits.max_audio_seconds),
