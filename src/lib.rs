@@ -17,6 +17,8 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod gguf;
+#[cfg(feature = "hub")]
+pub mod hub;
 pub mod kernels;
 pub mod metrics;
 pub mod model;

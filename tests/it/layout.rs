@@ -57,7 +57,7 @@ const LAYERS: &[&[&str]] = &[
     &["ffi"],
     &["text"],
     &["model"],
-    &["sampling", "qwen3", "audio", "metrics"],
+    &["sampling", "qwen3", "audio", "metrics", "hub"],
     &["code_predictor", "decoder"],
     &["talker"],
     &["synth", "voice"],

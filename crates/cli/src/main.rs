@@ -15,6 +15,7 @@ use qtts::model::convert::{convert, OutType};
 mod bench;
 mod bench_cli;
 mod cache_cli;
+mod pull_cli;
 mod serve_cli;
 mod voice_cli;
 
@@ -37,6 +38,9 @@ fn parse_tier(s: &str) -> Result<qtts::kernels::Tier, String> {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Fetch a checkpoint from the Hugging Face Hub (`org/name[@revision]`) into its cache and
+    /// convert it for the engine; without a name, list the published Qwen3-TTS-12Hz ones.
+    Pull(pull_cli::PullArgs),
     /// Saved voices cloned from reference recordings (Base models).
     Voice {
         #[command(subcommand)]
@@ -76,7 +80,8 @@ enum Command {
     /// Convert an official Hugging Face checkpoint directory into the GGUF pair
     /// (talker-<type>.gguf and mmproj-<type>.gguf, llama.cpp's Qwen3-TTS layout).
     Convert {
-        /// The checkpoint directory (config.json, model.safetensors, speech_tokenizer/, vocab.json, ...).
+        /// The checkpoint directory (config.json, model.safetensors, speech_tokenizer/, vocab.json,
+        /// ...), or a Hub repository `org/name[@revision]` (fetched once, as `qtts pull`).
         hf_dir: PathBuf,
         /// Where to write the two GGUF files.
         out_dir: PathBuf,
@@ -135,9 +140,10 @@ enum Command {
 pub(crate) struct SpeakArgs {
     /// The text; `-` reads standard input line by line (one request per line: pipe an LLM in).
     text: Option<String>,
-    /// A model: a directory with talker-<type>.gguf and mmproj-<type>.gguf, a talker GGUF, or an
-    /// official Hugging Face checkpoint directory (converted once into the cache). Default: the
-    /// best model under models/, else the built-in test model (noise, not speech).
+    /// A model: a directory with talker-<type>.gguf and mmproj-<type>.gguf, a talker GGUF, an
+    /// official Hugging Face checkpoint directory (converted once into the cache), or a Hub
+    /// repository such as Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice (fetched once, as `qtts pull`).
+    /// Default: the best model under models/, else the built-in test model (noise, not speech).
     #[arg(long)]
     model: Option<PathBuf>,
     /// The token ids of the whole `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n`
@@ -243,7 +249,7 @@ pub(crate) fn pick_model(
     let cache = find::cache_dir();
     let m = match arg {
         Some(p) => find::resolve(
-            p,
+            &pull_cli::local_or_fetched(p)?,
             &cache,
             exact,
             &mut |line| eprintln!("qtts: {line}"),
@@ -271,7 +277,8 @@ pub(crate) fn pick_model(
                     eprintln!(
                         "qtts: no model under models/ and none given (--model): using the built-in \
                          tiny random-weight model. It runs every stage, but its audio is noise, not \
-                         speech. For speech: models/download.sh Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+                         speech. For speech: qtts pull Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice, then \
+                         --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice (`qtts pull` lists the others)"
                     );
                     find::builtin(&cache).context("making the built-in model")?
                 }
@@ -666,6 +673,7 @@ fn main() -> anyhow::Result<()> {
             raw,
         } => synth(&args, &out, sample_format, raw)?,
         Command::Cache { action } => cache_cli::run(&action)?,
+        Command::Pull(a) => pull_cli::run(&a)?,
         Command::Voice { action } => voice_cli::run(&action)?,
         Command::Convert {
             hf_dir,
@@ -674,6 +682,7 @@ fn main() -> anyhow::Result<()> {
             tokenizer,
         } => {
             let start = Instant::now();
+            let hf_dir = pull_cli::local_or_fetched(&hf_dir)?;
             let out = convert(
                 &hf_dir,
                 tokenizer.as_deref(),

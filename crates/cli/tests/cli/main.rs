@@ -10,5 +10,7 @@ mod cases;
 
 mod cache;
 mod cli;
+mod fake_hub;
+mod pull;
 mod surfaces;
 mod voice;
