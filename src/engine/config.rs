@@ -83,11 +83,13 @@ pub struct EngineConfig {
     pub exact: bool,
     /// Frames queued between the code predictor and the decoder: 4 (320 ms of audio).
     pub codes_queue: usize,
-    /// Frames per decoder call after the first frame of an utterance: 4 (audio in 320 ms
-    /// pieces). The decoder reads its small-row products' weights once per call, so longer chunks
-    /// hold its core for less time per frame, at the cost of activation memory (from 2 to 4:
-    /// RTF 0.64 → 0.54, peak RSS 820 → 865 MiB over 60 s; PERFORMANCE.md, "Four frames per
-    /// decoder call, measured again").
+    /// Frames per decoder call once an utterance is under way: 4 (audio in 320 ms pieces). The
+    /// decoder reads its small-row products' weights once per call, so longer chunks hold its
+    /// core for less time per frame, at the cost of activation memory (from 2 to 4: RTF 0.64 →
+    /// 0.54, peak RSS 820 → 865 MiB over 60 s; PERFORMANCE.md, "Four frames per decoder call,
+    /// measured again"). An utterance's first chunks ramp up to it ([`EngineConfig::chunk_after`]:
+    /// 1, 1, 2, 4 frames), so that a player that starts at the first sample does not run dry
+    /// while the first long chunk is made.
     pub decoder_chunk: usize,
     /// Text tokens per utterance when splitting long text: [`crate::text::split::DEFAULT_MAX_TOKENS`].
     pub segment_tokens: usize,
@@ -131,6 +133,14 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// Frames in the next decoder call of an utterance of which `decoded` frames are out: as
+    /// many as are out already, at least 1 and at most [`EngineConfig::decoder_chunk`] (1, 1,
+    /// 2, 4, 4, ...). Each chunk is then at most the audio already playing, so it can be made
+    /// while that plays.
+    pub fn chunk_after(&self, decoded: usize) -> usize {
+        decoded.clamp(1, self.decoder_chunk.max(1))
+    }
+
     /// The code predictor of `mmproj` as this configuration runs it: q8_0 heads when
     /// `q8_heads`, its layer products by `code_predictor_kernel`, and under [`LayerKernel::Packed`] its q8_0
     /// heads packed too.

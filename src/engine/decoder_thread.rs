@@ -33,7 +33,8 @@ struct Active {
     done: Sender<Finished>,
     error: Option<EngineError>,
     pending: Vec<[u32; 16]>,
-    chunk: usize,
+    /// Frames decoded in this utterance (the next chunk's size: `EngineConfig::chunk_after`).
+    decoded: usize,
     summary: Summary,
 }
 
@@ -84,7 +85,7 @@ pub(super) fn run(
                     done,
                     error,
                     pending: Vec::with_capacity(chunk),
-                    chunk: 1,
+                    decoded: 0,
                     summary: Summary::empty(),
                 });
             }
@@ -94,7 +95,7 @@ pub(super) fn run(
                         a.error.get_or_insert(e);
                     }
                     a.pending.clear();
-                    a.chunk = 1;
+                    a.decoded = 0;
                 }
             }
             DecoderMsg::Frame(codes) | DecoderMsg::FirstFrame(codes) => {
@@ -106,14 +107,14 @@ pub(super) fn run(
                         a.summary.codes.push(codes);
                     }
                     a.pending.push(codes);
-                    if a.pending.len() >= a.chunk {
+                    if a.pending.len() >= cfg.chunk_after(a.decoded) {
                         let on = match (&burst, first) {
                             (Some(b), true) => b,
                             _ => &pool,
                         };
                         let loan = loan.as_deref();
+                        a.decoded += a.pending.len();
                         decode_pending(&mut voc, on, loan, a, &mut pcm, &mut metrics);
-                        a.chunk = chunk;
                     }
                 }
                 // The code predictor waits for this, whatever became of the frame.
@@ -234,6 +235,7 @@ pub(crate) fn decode_and_write(
     for _ in 0..n {
         record(&mut metrics.decoder_frame, per);
     }
+    summary.playout.ready(Instant::now(), summary.samples);
     sink.write(&out[..d.samples], cancel)?;
     summary.ttfa.get_or_insert_with(|| started.elapsed());
     summary.samples += d.samples;

@@ -26,7 +26,8 @@
 //! - Backpressure, not buffering: every channel is bounded; a sink that does not take audio stops
 //!   the decoder, which stops the code predictor, which stops the talker.
 //! - Determinism: the codes of a request depend only on the request (seed included), never on
-//!   thread timing; the decoder's chunking is fixed (1 frame, then `decoder_chunk` at a time), so
+//!   thread timing; the decoder's chunking is fixed ([`EngineConfig::chunk_after`]: 1, 1, 2, then
+//!   `decoder_chunk` frames at a time), so
 //!   the samples are too. [`serial::Serial`] computes the same samples on one thread.
 //! - First frame: with [`EngineConfig::burst`], an utterance's first frame runs stage after stage
 //!   on every core (prefill, code predictor, then decoder); the code predictor waits for the
@@ -53,7 +54,8 @@ pub use plan::{StagePlan, ThreadPlan};
 pub use stream::AudioStream;
 pub(crate) use synthesis::plan_request;
 pub use synthesis::{
-    downcast_sink, Canceller, EngineInfo, Finished, Request, SegmentReport, Summary, Synthesis,
+    downcast_sink, Canceller, EngineInfo, Finished, Playout, Request, SegmentReport, Summary,
+    Synthesis,
 };
 pub use worker::{Job, Order, Read, Worker, CHUNK_QUEUE, DEFAULT_QUEUE};
 

@@ -51,8 +51,8 @@ impl Serial {
         })
     }
 
-    /// Runs `req` to the end, writing to `sink`, with the engine's decoder chunking (1 frame, then
-    /// `decoder_chunk` at a time, per utterance).
+    /// Runs `req` to the end, writing to `sink`, with the engine's decoder chunking
+    /// ([`EngineConfig::chunk_after`], per utterance).
     pub fn run(&mut self, req: &Request, sink: &mut dyn AudioSink) -> Result<Summary, EngineError> {
         let cfg = &self.config;
         let mut session = Session::new(
@@ -75,7 +75,7 @@ impl Serial {
             self.primed
                 .start(&mut self.voc, &self.pool, req.voice.reference.as_ref())?;
             let mut pending: Vec<[u32; 16]> = Vec::with_capacity(chunk);
-            let mut target = 1;
+            let mut decoded = 0;
             let mut failed = None;
             let (voc, pool) = (&mut self.voc, &self.pool);
             let mut flush = |pending: &mut Vec<[u32; 16]>,
@@ -103,8 +103,8 @@ impl Serial {
                         summary.codes.push(*codes);
                     }
                     pending.push(*codes);
-                    if pending.len() >= target {
-                        target = chunk;
+                    if pending.len() >= cfg.chunk_after(decoded) {
+                        decoded += pending.len();
                         if let Err(e) = flush(&mut pending, &mut summary, &mut metrics) {
                             failed = Some(e);
                             return Flow::Stop;

@@ -10,8 +10,8 @@ use super::synthesis::Summary;
 use super::synthesis::Synthesis;
 use super::Engine;
 
-/// A request's audio as an iterator of chunks (one per decoder call: 80 or `decoder_chunk × 80`
-/// ms of 24 kHz mono samples), from [`Engine::stream`].
+/// A request's audio as an iterator of chunks (one per decoder call: 80, 80, 160, then
+/// `decoder_chunk × 80` ms of 24 kHz mono samples), from [`Engine::stream`].
 #[derive(Debug)]
 pub struct AudioStream<'e> {
     synthesis: Synthesis<'e>,

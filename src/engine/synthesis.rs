@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 
@@ -113,6 +113,34 @@ pub struct Summary {
     pub codes: Vec<[u32; 16]>,
     /// Per-stage latencies.
     pub metrics: Metrics,
+    /// When the audio was ready against when it plays: [`Playout::gap_free_buffer`].
+    pub playout: Playout,
+}
+
+/// The smallest player buffer that plays a request from its first sample on without a gap, from
+/// when each chunk of samples was ready to leave the engine (before the sink's write, which may
+/// wait for the player): the largest lateness of a chunk against a player that starts at the
+/// first sample and plays on at 1x.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Playout {
+    first: Option<Instant>,
+    worst: Duration,
+}
+
+impl Playout {
+    /// A chunk is ready at `now` with `before` samples of the request ahead of it.
+    pub fn ready(&mut self, now: Instant, before: usize) {
+        let first = *self.first.get_or_insert(now);
+        let due = Duration::from_secs_f64(before as f64 / crate::audio::SAMPLE_RATE as f64);
+        let late = now.saturating_duration_since(first).saturating_sub(due);
+        self.worst = self.worst.max(late);
+    }
+
+    /// The buffer a player that starts at the first sample needs for no gap (zero when every
+    /// chunk was ready before the audio ahead of it had played out).
+    pub fn gap_free_buffer(&self) -> Duration {
+        self.worst
+    }
 }
 
 impl Summary {
@@ -129,6 +157,7 @@ impl Summary {
             non_finite: 0,
             codes: Vec::new(),
             metrics: Metrics::default(),
+            playout: Playout::default(),
         }
     }
 
@@ -390,4 +419,25 @@ pub(crate) fn plan_request(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gap_free_buffer_is_the_latest_chunk_against_playback() {
+        let t0 = Instant::now();
+        let ms = |m: u64| t0 + Duration::from_millis(m);
+        let frame = 1920; // 80 ms
+        let mut p = Playout::default();
+        assert_eq!(p.gap_free_buffer(), Duration::ZERO);
+        p.ready(ms(50), 0); // the first sample plays at once
+        p.ready(ms(120), frame); // due at 130: early
+        p.ready(ms(200), 2 * frame); // due at 210: early
+        assert_eq!(p.gap_free_buffer(), Duration::ZERO);
+        p.ready(ms(400), 3 * frame); // due at 290: 110 ms late
+        p.ready(ms(420), 4 * frame); // due at 370: 50 ms late
+        assert_eq!(p.gap_free_buffer(), Duration::from_millis(110));
+    }
 }

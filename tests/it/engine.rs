@@ -339,8 +339,8 @@ fn dropping_the_engine_joins_its_threads_and_errors_are_typed() {
     }
 }
 
-/// The iterator API yields the same samples as a sink, chunk by chunk as decoded: one frame first,
-/// then `decoder_chunk` frames per chunk.
+/// The iterator API yields the same samples as a sink, chunk by chunk as decoded: the chunks
+/// ramp up 1, 1, 2, 4 frames (each at most the audio already out), then `decoder_chunk` (4).
 #[test]
 fn stream_iterator_yields_the_same_audio() {
     let _guard = serial_guard();
@@ -357,14 +357,26 @@ fn stream_iterator_yields_the_same_audio() {
     let summary = stream.finish().unwrap();
     assert_eq!(summary.frames, 7);
     let sizes: Vec<usize> = chunks.iter().map(|c| c.len() / 1920).collect();
-    let mut want = vec![1];
-    let mut left = 6;
-    while left > 0 {
-        want.push(left.min(chunk));
-        left -= left.min(chunk);
-    }
-    assert_eq!(sizes, want);
+    assert_eq!(chunk, 4);
+    assert_eq!(sizes, [1, 1, 2, 3], "the ramp, then what is left");
     assert!(chunks.concat() == whole);
+    assert!(summary.playout.gap_free_buffer() <= summary.generated);
+    let mut req = Request::text("Streaming chunks, a longer run.");
+    req.max_frames = Some(13);
+    let mut stream = engine.stream(req, 2);
+    let sizes: Vec<usize> = stream.by_ref().map(|c| c.len() / 1920).collect();
+    let frames = stream.finish().unwrap().frames;
+    // 1, 1, 2, then 4 at a time, the last chunk what is left.
+    let mut want = Vec::new();
+    let mut done = 0;
+    for n in [1, 1, 2].into_iter().chain(std::iter::repeat(4)) {
+        if done == frames {
+            break;
+        }
+        want.push(n.min(frames - done));
+        done += n.min(frames - done);
+    }
+    assert_eq!(sizes, want, "{frames} frames");
 }
 
 /// A cloned voice through the pipelined and the serial engine: the oracle's ICL runs (reference

@@ -74,6 +74,11 @@ pub struct RunReport {
     pub underruns: u64,
     /// Device periods played in all.
     pub periods: u64,
+    /// The largest over the measured requests of the buffer a player starting at the first
+    /// sample needs for no gap ([`qtts::engine::Playout`]), ms: what the bench's fixed prebuffer
+    /// hides.
+    #[serde(default)]
+    pub gap_free_buffer_ms: f64,
     /// The process's peak resident set (`VmHWM`) at the end, MiB.
     pub peak_rss_mib: f64,
     /// Percentiles of [`STAGES`].
@@ -310,6 +315,7 @@ pub fn measure_in(
     let mut sink: Box<dyn qtts::audio::AudioSink> = Box::new(sink);
     let (mut metrics, mut minutes) = (Metrics::default(), Vec::new());
     let (mut produced, mut audio_s, mut ttfa_ms, mut generating) = (0, 0.0, None, 0.0);
+    let mut gap_free_buffer_ms: f64 = 0.0;
     for n in &parts {
         let (summary, back) = engine.synthesize(request(*n), sink).wait();
         sink = back;
@@ -317,6 +323,8 @@ pub fn measure_in(
         ttfa_ms.get_or_insert(summary.ttfa.unwrap_or_default().as_secs_f64() * 1e3);
         produced += summary.frames;
         audio_s += summary.audio_seconds();
+        gap_free_buffer_ms =
+            gap_free_buffer_ms.max(summary.playout.gap_free_buffer().as_secs_f64() * 1e3);
         generating += summary.generated.as_secs_f64();
         metrics.merge(&summary.metrics);
         if parts.len() > 1 {
@@ -363,6 +371,7 @@ pub fn measure_in(
         first_ttfa_ms,
         underruns: shared.underruns(),
         periods: shared.periods(),
+        gap_free_buffer_ms,
         peak_rss_mib: peak_rss_bytes().unwrap_or(0) as f64 / MIB,
         tier: qtts::kernels::active().name().to_string(),
         stages: stage_stats(&metrics),
@@ -400,6 +409,8 @@ pub struct Medians {
     pub first_ttfa_ms: f64,
     /// Median underrun count.
     pub underruns: f64,
+    /// Median gap-free buffer, ms.
+    pub gap_free_buffer_ms: f64,
     /// Median peak RSS, MiB.
     pub peak_rss_mib: f64,
     /// Per stage of [`STAGES`]: (name, median p50, median p99), ms.
@@ -433,6 +444,7 @@ impl Medians {
             ttfa_ms: over(&|r| r.ttfa_ms),
             first_ttfa_ms: over(&|r| r.first_ttfa_ms),
             underruns: over(&|r| r.underruns as f64),
+            gap_free_buffer_ms: over(&|r| r.gap_free_buffer_ms),
             peak_rss_mib: over(&|r| r.peak_rss_mib),
             stages,
             other_text_ttfa_ms: over(&|r| r.other_text_ttfa_ms),
@@ -550,13 +562,14 @@ pub fn table(rows: &[Row], reference: &[ReferenceReport]) -> String {
         .max()
         .unwrap_or(22);
     s += &format!(
-        "{:<w$} {:>4} {:>7} {:>8} {:>8} {:>9} {:>9} {:>13} {:>13} {:>13} {:>9}\n",
+        "{:<w$} {:>4} {:>7} {:>8} {:>8} {:>9} {:>9} {:>9} {:>13} {:>13} {:>13} {:>9}\n",
         "configuration",
         "runs",
         "RTF",
         "TTFA ms",
         "1st TTFA",
         "underruns",
+        "buffer ms",
         "peak MiB",
         "talker p50/99",
         "cp p50/99",
@@ -580,13 +593,14 @@ pub fn table(rows: &[Row], reference: &[ReferenceReport]) -> String {
             format!("{:.1}x", ref_rtf / m.rtf)
         };
         s += &format!(
-            "{:<w$} {:>4} {:>7.2} {:>8.0} {:>8.0} {:>9.0} {:>9.0} {:>13} {:>13} {:>13} {:>9}\n",
+            "{:<w$} {:>4} {:>7.2} {:>8.0} {:>8.0} {:>9.0} {:>9.0} {:>9.0} {:>13} {:>13} {:>13} {:>9}\n",
             row.label,
             m.runs,
             m.rtf,
             m.ttfa_ms,
             m.first_ttfa_ms,
             m.underruns,
+            m.gap_free_buffer_ms,
             m.peak_rss_mib,
             stage(stage_names[0]),
             stage(stage_names[1]),
@@ -597,11 +611,12 @@ pub fn table(rows: &[Row], reference: &[ReferenceReport]) -> String {
     if !reference.is_empty() {
         let med = |f: &dyn Fn(&ReferenceReport) -> f64| median(reference.iter().map(f).collect());
         s += &format!(
-            "{:<w$} {:>4} {:>7.2} {:>8.0} {:>8} {:>9} {:>9} {:>13} {:>13} {:>13} {:>9}\n",
+            "{:<w$} {:>4} {:>7.2} {:>8.0} {:>8} {:>9} {:>9} {:>9} {:>13} {:>13} {:>13} {:>9}\n",
             "reference (PyTorch)",
             reference.len(),
             ref_rtf,
             med(&|r| r.ttfa_streaming_estimate_s * 1e3),
+            "-",
             "-",
             "-",
             "-",
@@ -654,6 +669,7 @@ mod tests {
             first_ttfa_ms: 200.0 * rtf,
             underruns: rtf as u64,
             periods: 40,
+            gap_free_buffer_ms: 0.0,
             peak_rss_mib: 500.0,
             stages: vec![StageStat {
                 name: "code predictor frame".into(),

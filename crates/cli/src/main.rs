@@ -502,7 +502,8 @@ fn run_all(
                 }
             }
             eprintln!(
-                "{label}: {} frames, {:.2} s of audio, first audio after {} ms, RTF {:.2}{}",
+                "{label}: {} frames, {:.2} s of audio, first audio after {} ms, RTF {:.2}, \
+                 plays from its first sample without a gap with a {} ms buffer{}",
                 summary.frames,
                 summary.audio_seconds(),
                 summary
@@ -510,6 +511,7 @@ fn run_all(
                     .map(|t| t.as_millis().to_string())
                     .unwrap_or_else(|| "-".into()),
                 summary.rtf(),
+                summary.playout.gap_free_buffer().as_millis(),
                 if summary.non_finite > 0 {
                     format!(", {} non-finite samples zeroed", summary.non_finite)
                 } else {

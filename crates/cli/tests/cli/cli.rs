@@ -383,6 +383,19 @@ fn no_sound_card_gets_a_clear_message() {
     assert_eq!(&bytes[12..16], b"fmt ");
     assert_eq!(u32::from_le_bytes(bytes[16..20].try_into().unwrap()), 16);
     assert_eq!((u16_at(20), u16_at(22), u16_at(34)), (1, 1, 16));
+    // ffmpeg (Debian's; `.ci/run` installs it) reads the same samples.
+    match std::process::Command::new("ffmpeg")
+        .args(["-v", "error", "-i"])
+        .arg(&wav)
+        .args(["-f", "s16le", "-"])
+        .output()
+    {
+        Ok(o) => {
+            assert!(o.status.success() && o.stderr.is_empty(), "{}", stderr(&o));
+            assert_eq!(o.stdout, bytes[44..], "ffmpeg reads the WAV's samples");
+        }
+        Err(e) => eprintln!("skipped: ffmpeg's reading of the WAV (ffmpeg: {e})"),
+    }
 }
 
 #[test]

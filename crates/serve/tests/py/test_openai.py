@@ -4,7 +4,9 @@ import asyncio
 import base64
 import io
 import json
+import shutil
 import socket
+import subprocess
 import time
 import wave
 
@@ -161,6 +163,36 @@ def test_wav_and_flac_open_in_the_usual_readers(server, stream):
             with wave.open(io.BytesIO(r.content)) as w:
                 assert (w.getframerate(), w.getsampwidth(), w.getnchannels()) == (24000, 2, 1)
                 assert w.readframes(SAMPLES + 1) == ref
+
+
+def ffmpeg_s16(body):
+    """`body` decoded by ffmpeg (Debian's, as users run it) to 24 kHz mono s16."""
+    exe = shutil.which("ffmpeg")
+    if exe is None:
+        pytest.skip("ffmpeg: not installed (.ci/run installs Debian's)")
+    r = subprocess.run([exe, "-v", "error", "-i", "pipe:0", "-f", "s16le", "-ac", "1", "-ar",
+                        "24000", "pipe:1"], input=body, capture_output=True, timeout=60)
+    assert r.returncode == 0 and not r.stderr, r.stderr.decode(errors="replace")
+    return r.stdout
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus"])
+def test_every_format_opens_in_ffmpeg(server, fmt, stream):
+    """ffmpeg reads every format the server sends, streamed or not, without a warning: WAV and
+    FLAC give the raw pcm's samples exactly, MP3 and Opus the same length up to the codecs'
+    padding."""
+    ref, _ = pcm(server)
+    body = {"model": "tts-1", "voice": "vivian", "input": "Hello there.", "stream": stream,
+            "response_format": fmt, **EXTRA}
+    r = httpx.post(server.base + "/v1/audio/speech", json=body)
+    assert r.status_code == 200
+    audio = ffmpeg_s16(r.content)
+    if fmt in ("wav", "flac"):
+        assert audio == ref, (fmt, stream, len(audio))
+    else:
+        n = len(audio) // 2
+        assert SAMPLES - 960 <= n <= SAMPLES + 3 * 576 + 1152 + 960, (fmt, n)
 
 
 @pytest.mark.parametrize("kw,code,param", [
