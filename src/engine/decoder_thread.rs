@@ -141,6 +141,7 @@ pub(super) fn run(
                     result,
                     segments,
                     metrics: mut m,
+                    text_starved,
                 } = *end;
                 m.merge(&metrics);
                 let mut s = a.summary;
@@ -156,6 +157,7 @@ pub(super) fn run(
                 };
                 s.segments = segments;
                 s.metrics = m;
+                s.text_starved_frames = text_starved;
                 let result = match (result, a.error) {
                     (Err(e), _) => Err(e),
                     (Ok(()), Some(e)) => Err(e),

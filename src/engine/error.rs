@@ -36,6 +36,25 @@ pub enum EngineError {
     /// Give text with at least one letter, digit or symbol.
     #[error("the text is empty after clean-up; nothing to speak")]
     EmptyText,
+    /// A fed text grew past one utterance, which is as far as a text feed goes for now.
+    /// Feed one utterance per request (a sentence or a few), or give the whole text at once.
+    #[error(
+        "the fed text reached {tokens} tokens, over the {limit} of one utterance: feed one \
+         utterance per request (a sentence or a few), or give the whole text at once"
+    )]
+    FeedTooLong {
+        /// Its final tokens so far.
+        tokens: usize,
+        /// `segment_tokens`.
+        limit: usize,
+    },
+    /// The fed text is not UTF-8, or a feed was asked of a request it does not fit.
+    /// Send UTF-8 text; feed streaming-mode requests without a cloned voice's reference.
+    #[error("text feed: {found}")]
+    BadFeed {
+        /// What is wrong.
+        found: String,
+    },
     /// A sampling setting is out of range.
     #[error(transparent)]
     Sampling(#[from] crate::sampling::SamplingError),

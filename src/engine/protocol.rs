@@ -93,6 +93,8 @@ pub(super) struct EndMsg {
     pub(super) result: Result<(), EngineError>,
     pub(super) segments: Vec<SegmentReport>,
     pub(super) metrics: Metrics,
+    /// Frames that waited for a fed text's next token.
+    pub(super) text_starved: usize,
 }
 
 /// What the talker's thread learns at load, for [`super::Engine::load`].

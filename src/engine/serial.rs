@@ -54,6 +54,13 @@ impl Serial {
     /// Runs `req` to the end, writing to `sink`, with the engine's decoder chunking
     /// ([`EngineConfig::chunk_after`], per utterance).
     pub fn run(&mut self, req: &Request, sink: &mut dyn AudioSink) -> Result<Summary, EngineError> {
+        if req.text_feed.is_some() {
+            return Err(EngineError::BadFeed {
+                found: "a fed request on the serial engine, which takes whole text: run it on \
+                        the pipelined engine"
+                    .into(),
+            });
+        }
         let cfg = &self.config;
         let mut session = Session::new(
             &self.talker,

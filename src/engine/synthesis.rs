@@ -46,6 +46,9 @@ pub struct Request {
     pub min_frames: usize,
     /// Keep every frame's codes in the summary.
     pub keep_codes: bool,
+    /// Text that arrives while it is spoken ([`super::feed`]): when set, it is the request's text
+    /// and [`Request::input`] is not read.
+    pub text_feed: Option<super::feed::TextFeedHandle>,
 }
 
 impl Request {
@@ -64,6 +67,16 @@ impl Request {
             frame_limit: None,
             min_frames: crate::talker::MIN_FRAMES,
             keep_codes: false,
+            text_feed: None,
+        }
+    }
+
+    /// A request whose text comes through `feed` ([`super::feed::text_feed`]'s handle) while it
+    /// is spoken, with the model's defaults.
+    pub fn fed(feed: super::feed::TextFeedHandle) -> Self {
+        Request {
+            text_feed: Some(feed),
+            ..Request::text("")
         }
     }
 
@@ -115,6 +128,8 @@ pub struct Summary {
     pub metrics: Metrics,
     /// When the audio was ready against when it plays: [`Playout::gap_free_buffer`].
     pub playout: Playout,
+    /// Frames that waited for their text token (a fed text that fell behind the speech).
+    pub text_starved_frames: usize,
 }
 
 /// The smallest player buffer that plays a request from its first sample on without a gap, from
@@ -158,6 +173,7 @@ impl Summary {
             codes: Vec::new(),
             metrics: Metrics::default(),
             playout: Playout::default(),
+            text_starved_frames: 0,
         }
     }
 
@@ -216,7 +232,9 @@ impl EngineInfo {
     /// one, sampling settings in range. The engine checks the rest (token ids, a cloned voice's
     /// reference) when the request runs.
     pub fn check(&self, req: &Request) -> Result<(), EngineError> {
-        if let TextInput::Text(t) = &req.input {
+        if req.text_feed.is_some() {
+            check_feed(req)?;
+        } else if let TextInput::Text(t) = &req.input {
             if normalize(t).is_empty() {
                 return Err(EngineError::EmptyText);
             }
@@ -349,6 +367,52 @@ pub(crate) struct Utterance {
     pub opts: GenOptions,
     pub code_predictor_sampling: SamplingParams,
     pub report: SegmentReport,
+}
+
+/// What a fed request ([`Request::text_feed`]) must be: streaming text, no in-context reference.
+pub(crate) fn check_feed(req: &Request) -> Result<(), EngineError> {
+    if req.mode != TextMode::Streaming {
+        return Err(EngineError::BadFeed {
+            found: format!(
+                "a request in the {:?} text mode: a text feed takes the streaming mode",
+                req.mode
+            ),
+        });
+    }
+    if req.voice.reference.is_some() {
+        return Err(EngineError::BadFeed {
+            found: "a cloned voice with its in-context reference: not with a text feed yet; give \
+                    the whole text, or clone from the x-vector alone"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// The utterance of a fed request ([`Request::text_feed`]) once its first text token is final:
+/// the prompt of the whole text up to that token (the streaming layout needs no more), its
+/// trailing text to come from the feed ([`super::feed`]).
+pub(crate) fn plan_fed(
+    talker: &Talker,
+    req: &Request,
+    reader: &super::feed::TextReader<'_>,
+    segment_tokens: usize,
+) -> Result<Utterance, EngineError> {
+    let mut r = req.clone();
+    r.text_feed = None;
+    r.input = TextInput::TokenIds(reader.first_wrapped(talker.tokenizer()));
+    let mut u = plan_request(talker, &r, segment_tokens)?
+        .pop()
+        .ok_or(EngineError::EmptyText)?;
+    u.prompt.trailing.clear();
+    // The cap follows the text's tokens as they come (`Session::set_text_tokens`).
+    u.opts.max_frames = match (req.max_frames, req.frame_limit) {
+        (Some(m), Some(l)) => Some(m.min(l)),
+        (m, _) => m,
+    };
+    u.report.text = "(fed text)".into();
+    u.report.cut = Some(Cut::End);
+    Ok(u)
 }
 
 /// Splits and builds a request's utterances (shared by the engine and [`serial::Serial`]).

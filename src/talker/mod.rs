@@ -545,6 +545,29 @@ impl Talker {
         (40 + 8 * text_tokens).min(self.generation.max_new_tokens as usize)
     }
 
+    /// The trailing text rows of `ids` in the streaming layout (a fed text's tokens after its
+    /// first), then `tts_eos` when `end`.
+    pub fn text_rows(
+        &self,
+        ids: &[u32],
+        end: bool,
+        rows: &mut Vec<f32>,
+    ) -> Result<(), TalkerError> {
+        for &id in ids {
+            if id as usize >= self.n_text {
+                return Err(TalkerError::BadText {
+                    expected: format!("text ids below {}", self.n_text),
+                    found: id.to_string(),
+                });
+            }
+            self.push_row(rows, Some(id as usize), None)?;
+        }
+        if end {
+            rows.extend_from_slice(&self.tts_eos);
+        }
+        Ok(())
+    }
+
     /// The speakers of the loaded model, sorted.
     pub fn speakers(&self) -> Vec<String> {
         self.config.talker_config.spk_id.keys().cloned().collect()

@@ -43,6 +43,8 @@ pub struct Session<'t> {
     cached: Vec<f32>,
     /// Prompt rows reused by the last [`Session::start`].
     reused: usize,
+    /// Rows of the running utterance's prompt.
+    prompt_len: usize,
 }
 
 impl<'t> Session<'t> {
@@ -98,6 +100,7 @@ impl<'t> Session<'t> {
             pools,
             cached: Vec::new(),
             reused: 0,
+            prompt_len: 0,
         })
     }
 
@@ -198,6 +201,7 @@ impl<'t> Session<'t> {
             .unwrap_or_else(|| self.talker.frame_cap(prompt.text_tokens));
         // Frame f > 0 is fed at position n + f - 1; the last needs no step after it.
         self.cap = want.min(self.n_ctx - n + 1);
+        self.prompt_len = n;
         self.frames = 0;
         if self.cap == 0 {
             self.options = None;
@@ -276,6 +280,32 @@ impl<'t> Session<'t> {
         }
         self.pos += 1;
         self.next()
+    }
+
+    /// Appends text rows ([`Talker::text_rows`]) to the running utterance's trailing text: the
+    /// rows a fed text's later tokens give, one a frame (steps past the rows take `tts_pad`).
+    pub fn push_text(&mut self, rows: &[f32]) {
+        self.trailing.extend_from_slice(rows);
+    }
+
+    /// Trailing text rows the running utterance has (taken or not).
+    pub fn text_rows(&self) -> usize {
+        self.trailing.len() / self.talker.n_embd
+    }
+
+    /// Sets the running utterance's frame cap from its text tokens and the request's `limit`, as
+    /// [`Session::start`] and the engine's plan do from a whole prompt's (a fed text's count
+    /// grows; its cap with it). A cap the options give stays.
+    pub fn set_text_tokens(&mut self, tokens: usize, limit: Option<usize>) {
+        if let Some(opts) = &self.options {
+            if opts.max_frames.is_none() {
+                let want = self
+                    .talker
+                    .frame_cap(tokens)
+                    .min(limit.unwrap_or(usize::MAX));
+                self.cap = want.min(self.n_ctx - self.prompt_len + 1);
+            }
+        }
     }
 
     /// Ends the running utterance early (its cache stays until the next start); returns the

@@ -49,7 +49,7 @@ pub struct TextFeed<'t> {
 }
 
 /// Whether normalization can never reach across the start of `c`.
-fn boundary_before(c: char) -> bool {
+pub(super) fn boundary_before(c: char) -> bool {
     canonical_combining_class(c) == 0 && is_nfc_quick(std::iter::once(c)) == IsNormalized::Yes
 }
 

@@ -48,6 +48,73 @@ pub fn normalize(text: &str) -> String {
     out
 }
 
+/// [`normalize`] of text that arrives in fragments: [`Normalizer::push`] returns the clean text
+/// that no later fragment can change, [`Normalizer::finish`] the rest. The pieces, concatenated,
+/// are `normalize` of the whole text, however it was split. Text is held back from the last
+/// character that NFC could still combine with what comes next, and a white-space run until the
+/// next character shows whether it is inside the text or trails it.
+#[derive(Debug, Default)]
+pub struct Normalizer {
+    /// Raw text whose NFC is not settled (it starts at a normalization boundary).
+    raw: String,
+    /// The white space waiting for the next character (`' '` or `'\n'`).
+    pending: Option<char>,
+    /// Whether a character has been given out (leading white space is dropped).
+    started: bool,
+}
+
+impl Normalizer {
+    /// A normalizer with nothing pushed.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes `text`; returns the clean text settled by it.
+    pub fn push(&mut self, text: &str) -> String {
+        self.raw.push_str(text);
+        // The last boundary: NFC cannot reach across it from text still to come.
+        let cut = self
+            .raw
+            .char_indices()
+            .rev()
+            .find(|&(_, c)| super::feed::boundary_before(c))
+            .map_or(0, |(i, _)| i);
+        let settled: String = self.raw.drain(..cut).collect();
+        self.clean(&settled)
+    }
+
+    /// The rest: what was held back, its trailing white space dropped.
+    pub fn finish(mut self) -> String {
+        let rest = std::mem::take(&mut self.raw);
+        self.clean(&rest)
+    }
+
+    fn clean(&mut self, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        for c in text.nfc() {
+            if c.is_whitespace() {
+                let newline = matches!(c, '\n' | '\r' | '\u{2028}' | '\u{2029}' | '\u{85}');
+                self.pending = match (self.pending, newline) {
+                    (Some('\n'), _) | (_, true) => Some('\n'),
+                    _ => Some(' '),
+                };
+                continue;
+            }
+            if c.is_control() || c == '\u{feff}' {
+                continue;
+            }
+            if let Some(p) = self.pending.take() {
+                if self.started {
+                    out.push(p);
+                }
+            }
+            self.started = true;
+            out.push(c);
+        }
+        out
+    }
+}
+
 /// How a segment ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Cut {
@@ -203,4 +270,37 @@ pub fn split(text: &str, tok: &Tokenizer, max_tokens: usize) -> Vec<Segment> {
         s = skip_ws(e);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_normalizer_gives_normalize_in_any_fragmentation() {
+        use rand::{Rng, SeedableRng};
+        let texts = [
+            "  Hello,\r\n  world!\t\u{feff}Caf\u{65}\u{301} \u{7}ok  \n\n ",
+            "\u{1100}\u{1161}\u{11a8} a\u{300}\u{316} \u{2028} end",
+            "no spaces at all",
+            "   ",
+        ];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for t in texts {
+            let chars: Vec<char> = t.chars().collect();
+            for _ in 0..200 {
+                let mut n = Normalizer::new();
+                let mut out = String::new();
+                let mut i = 0;
+                while i < chars.len() {
+                    let k = rng.random_range(1..=3.min(chars.len() - i));
+                    let piece: String = chars[i..i + k].iter().collect();
+                    out += &n.push(&piece);
+                    i += k;
+                }
+                out += &n.finish();
+                assert_eq!(out, normalize(t), "{t:?}");
+            }
+        }
+    }
 }

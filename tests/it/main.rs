@@ -20,6 +20,7 @@ mod convert;
 mod corrupt;
 mod decoder;
 mod engine;
+mod fed;
 mod feed;
 mod ffi;
 mod ffi_ops;

@@ -359,6 +359,7 @@ fn requests(
             m.max(qtts::talker::MIN_FRAMES)
         }),
         keep_codes: args.codes_out.is_some(),
+        text_feed: None,
     };
     anyhow::ensure!(
         !args.greedy || base.overrides.is_empty(),
