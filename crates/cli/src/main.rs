@@ -140,6 +140,11 @@ enum Command {
 pub(crate) struct SpeakArgs {
     /// The text; `-` reads standard input line by line (one request per line: pipe an LLM in).
     text: Option<String>,
+    /// With `-`: speak each line from its first word, while it is being written (the text goes to
+    /// the engine as it arrives, and the audio is the same as for the whole line); one utterance
+    /// a line, at most 150 tokens. Without it, each line is spoken once it is complete.
+    #[arg(long)]
+    live: bool,
     /// A model: a directory with talker-<type>.gguf and mmproj-<type>.gguf, a talker GGUF, an
     /// official Hugging Face checkpoint directory (converted once into the cache), or a Hub
     /// repository such as Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice (fetched once, as `qtts pull`).
@@ -374,6 +379,7 @@ fn requests(
     }
     match args.text.as_deref() {
         None => anyhow::bail!("no text: pass it as an argument, or - to read standard input"),
+        Some("-") if args.live => Ok(Box::new(live_lines(base))),
         Some("-") => Ok(Box::new(std::io::stdin().lines().filter_map(
             move |line| match line {
                 Ok(l) if l.trim().is_empty() => None,
@@ -393,6 +399,66 @@ fn requests(
             Ok(Box::new(std::iter::once(Ok(r))))
         }
     }
+}
+
+/// `speak - --live`: one fed request per line of standard input, each made when its line's first
+/// byte arrives; a thread pushes the line's bytes into the request's feed as they come and
+/// finishes it at the line's end.
+fn live_lines(
+    base: qtts::engine::Request,
+) -> impl Iterator<Item = anyhow::Result<qtts::engine::Request>> {
+    use std::io::Read;
+    let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(1);
+    let (writer_tx, writer_rx) = crossbeam_channel::bounded::<qtts::engine::TextWriter>(1);
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = [0u8; 4096];
+        let mut line: Option<qtts::engine::TextWriter> = None;
+        loop {
+            let n = match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut rest = &buf[..n];
+            while !rest.is_empty() {
+                if line.is_none() {
+                    // A new line: ask for its request, then feed it.
+                    if started_tx.send(()).is_err() {
+                        return;
+                    }
+                    match writer_rx.recv() {
+                        Ok(w) => line = Some(w),
+                        Err(_) => return,
+                    }
+                }
+                let (piece, end) = match rest.iter().position(|&b| b == b'\n') {
+                    Some(i) => (&rest[..i], true),
+                    None => (rest, false),
+                };
+                if let Some(w) = line.as_mut() {
+                    // A request that ended (end of speech, a cancel) takes no more: drop the rest.
+                    let _ = w.push_bytes(piece);
+                }
+                rest = &rest[piece.len() + end as usize..];
+                if end {
+                    if let Some(w) = line.take() {
+                        let _ = w.finish();
+                    }
+                }
+            }
+        }
+        if let Some(w) = line.take() {
+            let _ = w.finish();
+        }
+    });
+    std::iter::from_fn(move || {
+        started_rx.recv().ok()?;
+        let (writer, handle) = qtts::engine::text_feed();
+        writer_tx.send(writer).ok()?;
+        let mut r = base.clone();
+        r.text_feed = Some(handle);
+        Some(Ok(r))
+    })
 }
 
 /// The engine, and the cloned voice when one was asked for.
@@ -464,6 +530,10 @@ fn run_all(
         };
         let (summary, back) = finished;
         sink = back;
+        // A blank line of `--live` input speaks nothing, as a blank line does without it.
+        if matches!(summary, Err(qtts::engine::EngineError::EmptyText)) && args.live {
+            continue;
+        }
         let summary = summary?;
         for seg in &summary.segments {
             report.push(serde_json::json!({

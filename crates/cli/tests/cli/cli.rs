@@ -317,6 +317,53 @@ fn synth_reads_standard_input_line_by_line() {
     );
 }
 
+/// `synth - --live`: each line fed to the engine as it is written, here a few bytes at a time
+/// with pauses (mid-word, mid-character), gives the very samples of the same lines read whole.
+#[test]
+fn live_standard_input_speaks_the_lines_as_read_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = "Hello there, general.\n\nCafé, déjà vu!\nthird\n".as_bytes();
+    let run = |live: bool| {
+        let wav = tmp.path().join(format!("live-{live}.wav"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_qtts"));
+        cmd.args([
+            "synth",
+            "-",
+            "--greedy",
+            "--max-frames",
+            "6",
+            "--sample-format",
+            "f32",
+        ])
+        .arg("--out")
+        .arg(&wav)
+        .env("HOME", tmp.path())
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        if live {
+            cmd.arg("--live");
+        }
+        let mut child = cmd.spawn().unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            for piece in input.chunks(3) {
+                stdin.write_all(piece).unwrap();
+                stdin.flush().unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        let r = child.wait_with_output().unwrap();
+        assert!(r.status.success(), "{}", stderr(&r));
+        (read_wav(&wav), stderr(&r))
+    };
+    let (whole, _) = run(false);
+    let (live, err) = run(true);
+    assert!(!whole.is_empty());
+    assert!(live == whole, "--live differs from whole lines: {err}");
+}
+
 #[cfg(feature = "playback")]
 #[test]
 fn speak_plays_through_alsa_null_device() {
