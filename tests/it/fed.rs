@@ -193,3 +193,92 @@ fn a_fed_request_can_be_cancelled_while_waiting_and_refuses_what_it_cannot_speak
         .wait();
     assert!(matches!(s, Err(EngineError::BadFeed { .. })), "{s:?}");
 }
+
+/// Through the `Worker` every surface stands on (server, C, Python): a fed request queued behind
+/// another, its text written while it waits and while it speaks, gives the whole text's audio.
+#[test]
+fn a_fed_request_through_the_worker_speaks_as_the_whole_text() {
+    use qtts::engine::{Read, Worker};
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let text = "Queued first, then spoken as it comes.";
+    let mut req = Request::text(text).greedy();
+    req.voice = vivian();
+    let mut engine = Engine::load(&files(&out), config()).unwrap();
+    let (_, want) = whole(&mut engine, req.clone());
+    drop(engine);
+    let worker = Worker::load(&files(&out), config(), 2).unwrap();
+    let mut ahead = worker
+        .submit(Request::text("Ahead of it.").greedy())
+        .unwrap();
+    let (mut w, handle) = text_feed();
+    let mut fed_req = req.clone();
+    fed_req.input = TextInput::Text(String::new());
+    fed_req.text_feed = Some(handle);
+    let mut job = worker.submit(fed_req).unwrap();
+    let writer = std::thread::spawn(move || {
+        for piece in text.as_bytes().chunks(4) {
+            if w.push_bytes(piece).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = w.finish();
+    });
+    let mut buf = vec![0f32; 4096];
+    let read = |job: &mut qtts::engine::Job, buf: &mut [f32]| {
+        let mut got = Vec::new();
+        loop {
+            match job.read(buf, Some(Duration::from_secs(60))) {
+                Read::Samples(n) => got.extend_from_slice(&buf[..n]),
+                Read::End => return got,
+                Read::Timeout => panic!("no audio for 60 s"),
+            }
+        }
+    };
+    assert!(!read(&mut ahead, &mut buf).is_empty());
+    let got = read(&mut job, &mut buf);
+    writer.join().unwrap();
+    assert!(
+        got == want,
+        "the worker's fed audio differs from the whole text's"
+    );
+}
+
+/// For now a fed text is one utterance: past the engine's `segment_tokens` the request ends with
+/// `FeedTooLong`, and the engine goes on with the next request.
+#[test]
+fn a_fed_text_past_one_utterance_is_refused() {
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let cfg = qtts::engine::EngineConfig {
+        segment_tokens: 4,
+        ..config()
+    };
+    let mut engine = Engine::load(&files(&out), cfg).unwrap();
+    let (mut w, handle) = text_feed();
+    let mut req = Request::fed(handle);
+    req.voice = vivian();
+    req.min_frames = 1000;
+    w.push("one two ").unwrap();
+    let synthesis = engine.synthesize(req, Box::new(MemorySink::default()));
+    // Mid-utterance: once it speaks, the rest of the text takes it past the limit.
+    let mut waited = 0;
+    while synthesis.frames() == 0 {
+        assert!(waited < 3000, "no frame from the first words");
+        std::thread::sleep(Duration::from_millis(10));
+        waited += 1;
+    }
+    let _ = w.push("three four five six seven eight nine ten");
+    let _ = w.finish();
+    let (s, _) = synthesis.wait();
+    match s {
+        Err(EngineError::FeedTooLong { tokens, limit: 4 }) => assert!(tokens > 4),
+        other => panic!("expected FeedTooLong, got {other:?}"),
+    }
+    let (s, _) = engine
+        .synthesize(
+            Request::text("Next.").greedy(),
+            Box::new(MemorySink::default()),
+        )
+        .wait();
+    assert!(s.unwrap().frames > 0);
+}
