@@ -158,23 +158,12 @@ fn a_fed_request_can_be_cancelled_while_waiting_and_refuses_what_it_cannot_speak
     // The engine speaks before the text is complete, then waits for more: cancel it there (it
     // cannot end on its own without the rest of the text).
     let canceller = synthesis.canceller();
-    let mut waited = 0;
-    while synthesis.frames() == 0 {
-        assert!(waited < 3000, "no frame before the end of the text");
-        std::thread::sleep(Duration::from_millis(10));
-        waited += 1;
-    }
+    until_speaking(&synthesis);
     canceller.cancel();
     let (s, _) = synthesis.wait();
     assert_eq!(s.unwrap().stop, StopReason::Cancelled);
 
-    let (s, _) = engine
-        .synthesize(
-            Request::text("Next.").greedy(),
-            Box::new(MemorySink::default()),
-        )
-        .wait();
-    assert!(s.unwrap().frames > 0);
+    next_request_speaks(&mut engine);
     // The cancelled request is gone: its feed takes no more.
     assert_eq!(w.push(" more"), Err(qtts::engine::FeedClosed));
 
@@ -192,6 +181,27 @@ fn a_fed_request_can_be_cancelled_while_waiting_and_refuses_what_it_cannot_speak
         .synthesize(req, Box::new(MemorySink::default()))
         .wait();
     assert!(matches!(s, Err(EngineError::BadFeed { .. })), "{s:?}");
+}
+
+/// Runs `Request::text("Next.")`: the engine serves the next request whole.
+fn next_request_speaks(engine: &mut Engine) {
+    let (s, _) = engine
+        .synthesize(
+            Request::text("Next.").greedy(),
+            Box::new(MemorySink::default()),
+        )
+        .wait();
+    assert!(s.unwrap().frames > 0);
+}
+
+/// Waits until `synthesis` has made a frame.
+fn until_speaking(synthesis: &qtts::engine::Synthesis<'_>) {
+    let mut waited = 0;
+    while synthesis.frames() == 0 {
+        assert!(waited < 3000, "no frame from the first words");
+        std::thread::sleep(Duration::from_millis(10));
+        waited += 1;
+    }
 }
 
 /// Through the `Worker` every surface stands on (server, C, Python): a fed request queued behind
@@ -261,12 +271,7 @@ fn a_fed_text_past_one_utterance_is_refused() {
     w.push("one two ").unwrap();
     let synthesis = engine.synthesize(req, Box::new(MemorySink::default()));
     // Mid-utterance: once it speaks, the rest of the text takes it past the limit.
-    let mut waited = 0;
-    while synthesis.frames() == 0 {
-        assert!(waited < 3000, "no frame from the first words");
-        std::thread::sleep(Duration::from_millis(10));
-        waited += 1;
-    }
+    until_speaking(&synthesis);
     let _ = w.push("three four five six seven eight nine ten");
     let _ = w.finish();
     let (s, _) = synthesis.wait();
@@ -274,11 +279,5 @@ fn a_fed_text_past_one_utterance_is_refused() {
         Err(EngineError::FeedTooLong { tokens, limit: 4 }) => assert!(tokens > 4),
         other => panic!("expected FeedTooLong, got {other:?}"),
     }
-    let (s, _) = engine
-        .synthesize(
-            Request::text("Next.").greedy(),
-            Box::new(MemorySink::default()),
-        )
-        .wait();
-    assert!(s.unwrap().frames > 0);
+    next_request_speaks(&mut engine);
 }
