@@ -34,7 +34,7 @@ mod framing;
 mod sentences;
 
 pub use framing::{frame, read_event, Event, FrameError, MAX_BLOCK, MAX_HEADER, VERSION};
-pub use sentences::Sentences;
+pub use sentences::{Live, LivePiece, Sentences};
 
 /// The `info` event, built once: it answers `describe` at once whatever the engine is doing.
 pub fn info_event(svc: &Service) -> Vec<u8> {
@@ -102,6 +102,11 @@ pub async fn serve(listener: TcpListener, svc: Arc<Service>) {
 enum Work {
     /// Speak this text (one `audio-start` … `audio-stop`).
     Speak { text: String, voice: Option<Value> },
+    /// Speak a sentence while its text streams in (the connection holds its writer).
+    Fed {
+        feed: qtts::engine::TextFeedHandle,
+        voice: Option<Value>,
+    },
     /// Send `synthesize-stopped` (after the stream's sentences).
     Stopped,
 }
@@ -168,7 +173,7 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
         close_tx,
         busy.clone(),
     ));
-    let mut streaming: Option<(Sentences, Option<Value>)> = None;
+    let mut streaming: Option<Streaming> = None;
     let mut chars = 0usize;
     let mut first = true;
     // Idle time counts only while nothing is being spoken for this connection.
@@ -257,33 +262,33 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
                 }
             }
             "synthesize-start" => match names {
-                Ok(()) => streaming = Some((Sentences::default(), ev.data.get("voice").cloned())),
+                Ok(()) => {
+                    let voice = ev.data.get("voice").cloned();
+                    // Each sentence spoken from its first word where the text mode allows it
+                    // (a text feed takes the streaming mode), else once it is complete.
+                    let cut = if svc.text_mode == qtts::talker::TextMode::Streaming {
+                        Cutter::Live(Live::default(), None)
+                    } else {
+                        Cutter::Whole(Sentences::default())
+                    };
+                    streaming = Some(Streaming { cut, voice });
+                }
                 Err(f) => fail = Some(f),
             },
             "synthesize-chunk" => {
-                if let Some((s, voice)) = &mut streaming {
+                if let Some(st) = &mut streaming {
                     let text = text_of(&ev);
                     chars += text.chars().count();
                     if chars > svc.limits.max_input_chars {
                         fail = Some(too_long(&svc));
-                    } else {
-                        for sentence in s.push(&text) {
-                            let w = Work::Speak {
-                                text: sentence,
-                                voice: voice.clone(),
-                            };
-                            if send_work(&work_tx, &busy, w).await.is_err() {
-                                break;
-                            }
-                        }
+                    } else if st.push(&text, &work_tx, &busy).await.is_err() {
+                        break;
                     }
                 }
             }
             "synthesize-stop" => {
-                if let Some((mut s, voice)) = streaming.take() {
-                    if let Some(rest) = s.finish() {
-                        let _ = send_work(&work_tx, &busy, Work::Speak { text: rest, voice }).await;
-                    }
+                if let Some(mut st) = streaming.take() {
+                    let _ = st.finish(&work_tx, &busy).await;
                 }
                 // Answered after the work queued, a stop without a start included.
                 let _ = send_work(&work_tx, &busy, Work::Stopped).await;
@@ -304,6 +309,94 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
     drop(work_tx);
     drop(out_tx);
     let _ = writer.await;
+}
+
+/// How a `synthesize-start` … `synthesize-stop` stream is cut into requests.
+enum Cutter {
+    /// Each sentence a request once complete.
+    Whole(Sentences),
+    /// Each sentence a fed request from its first character; the open sentence's writer.
+    Live(Live, Option<qtts::engine::TextWriter>),
+}
+
+/// A streamed synthesis in progress on a connection.
+struct Streaming {
+    cut: Cutter,
+    voice: Option<Value>,
+}
+
+type Closed = mpsc::error::SendError<Work>;
+
+impl Streaming {
+    /// Takes a `synthesize-chunk`'s text: queues the sentences it completes, or feeds the open
+    /// sentence (queuing a fed request at each sentence's start).
+    async fn push(
+        &mut self,
+        text: &str,
+        tx: &mpsc::Sender<Work>,
+        busy: &AtomicUsize,
+    ) -> Result<(), Closed> {
+        match &mut self.cut {
+            Cutter::Whole(s) => {
+                for sentence in s.push(text) {
+                    let voice = self.voice.clone();
+                    send_work(
+                        tx,
+                        busy,
+                        Work::Speak {
+                            text: sentence,
+                            voice,
+                        },
+                    )
+                    .await?;
+                }
+            }
+            Cutter::Live(live, writer) => {
+                for piece in live.push(text) {
+                    match piece {
+                        LivePiece::Start => {
+                            let (w, feed) = qtts::engine::text_feed();
+                            *writer = Some(w);
+                            let voice = self.voice.clone();
+                            send_work(tx, busy, Work::Fed { feed, voice }).await?;
+                        }
+                        // A request that ended (an error, the audio limit) takes no more; the
+                        // synthesis task says why.
+                        LivePiece::Text(t) => {
+                            if let Some(w) = writer.as_mut() {
+                                let _ = w.push(&t);
+                            }
+                        }
+                        LivePiece::End => {
+                            if let Some(w) = writer.take() {
+                                let _ = w.finish();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `synthesize-stop`: the rest is spoken.
+    async fn finish(&mut self, tx: &mpsc::Sender<Work>, busy: &AtomicUsize) -> Result<(), Closed> {
+        match &mut self.cut {
+            Cutter::Whole(s) => {
+                if let Some(rest) = s.finish() {
+                    let voice = self.voice.take();
+                    send_work(tx, busy, Work::Speak { text: rest, voice }).await?;
+                }
+            }
+            Cutter::Live(live, writer) => {
+                live.finish();
+                if let Some(w) = writer.take() {
+                    let _ = w.finish();
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Queues work for the synthesis task, counting it as pending until that task is done with it.
@@ -376,7 +469,10 @@ async fn synthesis(
         let _done = Done(&busy);
         let r = match w {
             Work::Speak { text, voice } => {
-                speak(&svc, &text, voice.as_ref(), &out, &mut sent).await
+                speak(&svc, Text::Whole(&text), voice.as_ref(), &out, &mut sent).await
+            }
+            Work::Fed { feed, voice } => {
+                speak(&svc, Text::Fed(feed), voice.as_ref(), &out, &mut sent).await
             }
             Work::Stopped => out
                 .send(frame("synthesize-stopped", None, &[]))
@@ -396,10 +492,18 @@ async fn synthesis(
     let _ = close.send(true);
 }
 
+/// What one `audio-start` … `audio-stop` speaks.
+enum Text<'a> {
+    /// A whole text.
+    Whole(&'a str),
+    /// A sentence still streaming in.
+    Fed(qtts::engine::TextFeedHandle),
+}
+
 /// Speaks one text; `Err(None)`: the client is gone, `Err(Some)`: an error to send.
 async fn speak(
     svc: &Arc<Service>,
-    text: &str,
+    text: Text<'_>,
     voice: Option<&Value>,
     out: &mpsc::Sender<Vec<u8>>,
     sent: &mut usize,
@@ -414,9 +518,11 @@ async fn speak(
     if *sent >= max_samples {
         return Err(over_limit());
     }
-    let text = text.trim();
-    if text.is_empty() {
-        return Ok(());
+    let fed = matches!(text, Text::Fed(_));
+    if let Text::Whole(t) = text {
+        if t.trim().is_empty() {
+            return Ok(());
+        }
     }
     let name = voice
         .and_then(|v| v.get("speaker").and_then(Value::as_str))
@@ -442,7 +548,10 @@ async fn speak(
             })
         })?);
     }
-    let mut req = qtts::engine::Request::text(text);
+    let mut req = match text {
+        Text::Whole(t) => qtts::engine::Request::text(t.trim()),
+        Text::Fed(feed) => qtts::engine::Request::fed(feed),
+    };
     req.voice = v;
     req.mode = svc.text_mode;
     req.frame_limit = Some(svc.limits.max_frames);
@@ -500,6 +609,10 @@ async fn speak(
                 send(frame("audio-stop", Some(&d), &[])).await?;
                 count(svc, "ok");
                 return Ok(());
+            }
+            // A sentence that turned out to have nothing to speak, as a blank one is skipped.
+            Some(Audio::End(Err(qtts::engine::EngineError::EmptyText))) if fed && !started => {
+                return Ok(())
             }
             Some(Audio::End(Err(e))) => {
                 return Err(Some(Fail {

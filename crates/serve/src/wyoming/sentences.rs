@@ -52,9 +52,112 @@ impl Sentences {
     }
 }
 
+/// What [`Live::push`] gives, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LivePiece {
+    /// A sentence begins (at its first character that is not white space).
+    Start,
+    /// More of the current sentence.
+    Text(String),
+    /// The current sentence is complete.
+    End,
+}
+
+/// The cuts of [`Sentences`] for text spoken while it streams: each sentence's characters as they
+/// come, then its end, so that a sentence can be spoken from its first word. The characters
+/// between a [`LivePiece::Start`] and its [`LivePiece::End`], trimmed, are the sentence
+/// [`Sentences`] gives.
+#[derive(Debug, Default)]
+pub struct Live {
+    /// The last character was `.`, `!`, `?`, `…` or `;` (a sentence ends if white space follows).
+    after_mark: bool,
+    /// A sentence is open.
+    open: bool,
+}
+
+impl Live {
+    /// Adds `text`; returns the pieces it makes.
+    pub fn push(&mut self, text: &str) -> Vec<LivePiece> {
+        let mut out = Vec::new();
+        let mut cur = String::new();
+        let flush = |cur: &mut String, out: &mut Vec<LivePiece>| {
+            if !cur.is_empty() {
+                out.push(LivePiece::Text(std::mem::take(cur)));
+            }
+        };
+        for c in text.chars() {
+            if self.after_mark && c.is_whitespace() && self.open {
+                flush(&mut cur, &mut out);
+                out.push(LivePiece::End);
+                self.open = false;
+            }
+            self.after_mark = matches!(c, '.' | '!' | '?' | '…' | ';');
+            if !self.open {
+                if c.is_whitespace() {
+                    continue;
+                }
+                out.push(LivePiece::Start);
+                self.open = true;
+            }
+            cur.push(c);
+            if matches!(c, '。' | '！' | '？' | '；') {
+                flush(&mut cur, &mut out);
+                out.push(LivePiece::End);
+                self.open = false;
+                self.after_mark = false;
+            }
+        }
+        flush(&mut cur, &mut out);
+        out
+    }
+
+    /// The end of the text: the open sentence's end, if one is open.
+    pub fn finish(&mut self) -> Option<LivePiece> {
+        std::mem::take(&mut self.open).then_some(LivePiece::End)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_pieces_make_the_same_sentences() {
+        let texts = [
+            "Hello there. How are you?  Fine... thanks!\nNext; 你好。再见3.5 km. Ok",
+            "  . a.b  ? ;x 。。 end",
+            "",
+            "one sentence without a mark",
+        ];
+        for t in texts {
+            let mut whole = Sentences::default();
+            let mut want = whole.push(t);
+            want.extend(whole.finish());
+            let chars: Vec<char> = t.chars().collect();
+            for step in 1..=4 {
+                let mut live = Live::default();
+                let mut pieces = Vec::new();
+                for chunk in chars.chunks(step) {
+                    pieces.extend(live.push(&chunk.iter().collect::<String>()));
+                }
+                pieces.extend(live.finish());
+                let mut got = Vec::new();
+                let mut cur: Option<String> = None;
+                for p in pieces {
+                    match p {
+                        LivePiece::Start => {
+                            assert!(cur.is_none());
+                            cur = Some(String::new());
+                        }
+                        LivePiece::Text(x) => cur.as_mut().unwrap().push_str(&x),
+                        LivePiece::End => got.push(cur.take().unwrap().trim().to_owned()),
+                    }
+                }
+                assert!(cur.is_none());
+                assert_eq!(got, want, "{t:?} in pieces of {step}");
+            }
+        }
+    }
 
     #[test]
     fn sentences_hold_back_the_tail() {

@@ -81,14 +81,39 @@ def test_streaming_speaks_each_sentence_once(server):
     kinds = [e.type for e in evs]
     assert kinds[-1] == "synthesize-stopped"
     assert kinds.count("audio-start") == 2 and kinds.count("audio-stop") == 2
-    streamed = sum(len(AudioChunk.from_event(e).audio) for e in evs if e.type == "audio-chunk")
-    one = sum(len(AudioChunk.from_event(e).audio)
-              for e in one_shot_events(server.wyoming_port, "Hello there.")
-              if e.type == "audio-chunk")
-    two = sum(len(AudioChunk.from_event(e).audio)
-              for e in one_shot_events(server.wyoming_port, "How are you?")
-              if e.type == "audio-chunk")
-    assert streamed == one + two, "the compatibility 'synthesize' was spoken again"
+    streamed = b"".join(AudioChunk.from_event(e).audio for e in evs if e.type == "audio-chunk")
+    one = b"".join(AudioChunk.from_event(e).audio
+                   for e in one_shot_events(server.wyoming_port, "Hello there.")
+                   if e.type == "audio-chunk")
+    two = b"".join(AudioChunk.from_event(e).audio
+                   for e in one_shot_events(server.wyoming_port, "How are you?")
+                   if e.type == "audio-chunk")
+    assert len(streamed) == len(one) + len(two), "the compatibility 'synthesize' was spoken again"
+    # Each sentence spoken while it streamed in is the same audio as the sentence sent whole.
+    assert streamed == one + two
+
+
+def test_streaming_speaks_a_sentence_before_its_end_is_sent(server):
+    """Home Assistant's streaming flow: the first audio comes while the first sentence is still
+    being written (the server feeds each sentence to the engine as it arrives)."""
+    async def go():
+        async with AsyncTcpClient("127.0.0.1", server.wyoming_port) as c:
+            voice = SynthesizeVoice(name="vivian")
+            await c.write_event(SynthesizeStart(voice=voice).event())
+            await c.write_event(SynthesizeChunk(text="Hello there, this is the first").event())
+            # Nothing more is sent until the server has spoken: without live sentences this
+            # read would wait for the sentence's end forever (the test's 60 s timeout).
+            first = await c.read_event()
+            await c.write_event(SynthesizeChunk(text=" sentence. And a second.").event())
+            await c.write_event(SynthesizeStop().event())
+            return first, await events_until(c, "synthesize-stopped")
+    first, rest = run(go())
+    assert first.type == "audio-start", first.type
+    kinds = [first.type] + [e.type for e in rest]
+    assert kinds.count("audio-start") == 2 and kinds.count("audio-stop") == 2
+    assert kinds[-1] == "synthesize-stopped"
+    chunks = [AudioChunk.from_event(e) for e in rest if e.type == "audio-chunk"]
+    assert all((c.rate, c.width, c.channels) == (24000, 2, 1) for c in chunks)
 
 
 def test_home_assistant_wav_decodes(server):
