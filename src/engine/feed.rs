@@ -100,22 +100,9 @@ impl TextWriter {
 
     /// Adds UTF-8 bytes, which may end inside a character (the rest comes with the next call).
     pub fn push_bytes(&mut self, bytes: &[u8]) -> Result<(), FeedError> {
-        self.partial.extend_from_slice(bytes);
-        let valid = match std::str::from_utf8(&self.partial) {
-            Ok(s) => s.len(),
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(e) => {
-                let at = e.valid_up_to();
-                let bad = self.partial[at..at + e.error_len().unwrap_or(1)].to_vec();
-                self.partial.clear();
-                return Err(NotUtf8 { found: bad }.into());
-            }
-        };
-        let rest = self.partial.split_off(valid);
-        let text =
-            String::from_utf8(std::mem::replace(&mut self.partial, rest)).map_err(|e| NotUtf8 {
-                found: e.into_bytes(),
-            })?;
+        let text = crate::text::feed::take_utf8(&mut self.partial, bytes).inspect_err(|_| {
+            self.partial.clear();
+        })?;
         Ok(self.push(&text)?)
     }
 

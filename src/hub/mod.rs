@@ -281,17 +281,28 @@ fn is_commit(s: &str) -> bool {
 /// The checkpoint `name` from the cache alone, when its snapshot holds every [`REQUIRED`] file:
 /// no request is made.
 pub fn cached(name: &RepoName, settings: &Settings) -> Option<Snapshot> {
+    in_cache(name, settings).ok()
+}
+
+/// The cached snapshot of `name`, or what it lacks (the revision, or files of [`REQUIRED`]).
+fn in_cache(name: &RepoName, settings: &Settings) -> Result<Snapshot, String> {
     let repo_dir = settings.cache.join(name.folder());
-    let commit = cached_commit(&repo_dir, &name.revision)?;
+    let commit = cached_commit(&repo_dir, &name.revision)
+        .ok_or_else(|| format!("the revision {}", name.revision))?;
     let dir = repo_dir.join("snapshots").join(&commit);
-    REQUIRED
+    let missing: Vec<&str> = REQUIRED
         .iter()
-        .all(|f| dir.join(f).is_file())
-        .then_some(Snapshot {
-            dir,
-            commit,
-            transferred: 0,
-        })
+        .filter(|f| !dir.join(f).is_file())
+        .copied()
+        .collect();
+    if !missing.is_empty() {
+        return Err(missing.join(", "));
+    }
+    Ok(Snapshot {
+        dir,
+        commit,
+        transferred: 0,
+    })
 }
 
 /// The checkpoint `name`: from the cache when complete ([`cached`]), else fetched (see the
@@ -301,23 +312,11 @@ pub fn fetch(
     settings: &Settings,
     progress: &mut dyn FnMut(Event),
 ) -> Result<Snapshot, HubError> {
-    if let Some(s) = cached(name, settings) {
-        return Ok(s);
-    }
+    let missing = match in_cache(name, settings) {
+        Ok(s) => return Ok(s),
+        Err(missing) => missing,
+    };
     if settings.offline {
-        let repo_dir = settings.cache.join(name.folder());
-        let missing = match cached_commit(&repo_dir, &name.revision) {
-            Some(c) => {
-                let dir = repo_dir.join("snapshots").join(c);
-                REQUIRED
-                    .iter()
-                    .filter(|f| !dir.join(f).is_file())
-                    .copied()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            }
-            None => format!("the revision {}", name.revision),
-        };
         return Err(HubError::Offline {
             repo: name.to_string(),
             cache: settings.cache.clone(),
@@ -374,11 +373,13 @@ pub fn fetch(
     let todo: Vec<&transfer::Job> = rest.iter().filter(|j| !j.blob.is_file()).collect();
     let resumed: u64 = todo.iter().map(|j| j.partial_len()).sum();
     let total: u64 = todo.iter().map(|j| j.size).sum();
+    // Each job's partial length is at most its size.
+    let need = total - resumed;
     let available = free_bytes(&blobs)?;
-    if total - resumed.min(total) > available {
+    if need > available {
         return Err(HubError::DiskFull {
             dir: blobs,
-            need: total - resumed,
+            need,
             available,
         });
     }

@@ -198,40 +198,35 @@ impl Client {
         let start = have;
         let mut attempt = 0;
         while have < job.size {
-            match self.resume(job, &mut part, &mut have, &mut hasher, &mut buf, progress) {
-                Ok(()) => {}
-                Err(Stop::Fatal(e)) => return Err(e),
-                Err(Stop::Dropped(cause)) => {
-                    if attempt >= retries {
-                        return Err(HubError::Interrupted {
-                            file: job.file.clone(),
-                            at: have,
-                            size: job.size,
-                            cause,
-                        });
+            let (cause, restart) =
+                match self.resume(job, &mut part, &mut have, &mut hasher, &mut buf, progress) {
+                    Ok(()) => continue,
+                    Err(Stop::Fatal(e)) => return Err(e),
+                    Err(Stop::Dropped(cause)) => (cause, false),
+                    Err(Stop::Restart) => {
+                        ("the server ignores or refuses the range".to_owned(), true)
                     }
-                    attempt += 1;
-                    std::thread::sleep(Duration::from_millis(250 << attempt.min(5)));
-                    progress(Event::Retry {
-                        file: &job.file,
-                        at: have,
-                    });
-                }
-                Err(Stop::Restart) => {
-                    if attempt >= retries {
-                        return Err(HubError::Interrupted {
-                            file: job.file.clone(),
-                            at: have,
-                            size: job.size,
-                            cause: "the server ignores or refuses the range".into(),
-                        });
-                    }
-                    attempt += 1;
-                    part.set_len(0).map_err(io("truncate"))?;
-                    part.seek(SeekFrom::Start(0)).map_err(io("seek"))?;
-                    have = 0;
-                    hasher = Hasher::new(&job.expected, job.size);
-                }
+                };
+            if attempt >= retries {
+                return Err(HubError::Interrupted {
+                    file: job.file.clone(),
+                    at: have,
+                    size: job.size,
+                    cause,
+                });
+            }
+            attempt += 1;
+            if restart {
+                part.set_len(0).map_err(io("truncate"))?;
+                part.seek(SeekFrom::Start(0)).map_err(io("seek"))?;
+                have = 0;
+                hasher = Hasher::new(&job.expected, job.size);
+            } else {
+                std::thread::sleep(Duration::from_millis(250 << attempt.min(5)));
+                progress(Event::Retry {
+                    file: &job.file,
+                    at: have,
+                });
             }
         }
         part.flush().map_err(io("write"))?;
@@ -307,18 +302,16 @@ impl Client {
             }
         }
         let mut body = response.into_body().into_reader();
-        let mut file_error = None;
-        let result = loop {
+        loop {
             let want = buf.len().min((job.size - *have) as usize);
             if want == 0 {
-                break Ok(());
+                return Ok(());
             }
             match body.read(&mut buf[..want]) {
-                Ok(0) => break Err(Stop::Dropped("the connection closed".into())),
+                Ok(0) => return Err(Stop::Dropped("the connection closed".into())),
                 Ok(n) => {
                     if let Err(e) = part.write_all(&buf[..n]) {
-                        file_error = Some(e);
-                        break Ok(());
+                        return Err(Stop::Fatal(HubError::io(job.incomplete(), "write", e)));
                     }
                     hasher.update(&buf[..n]);
                     *have += n as u64;
@@ -328,13 +321,9 @@ impl Client {
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => break Err(Stop::Dropped(e.to_string())),
+                Err(e) => return Err(Stop::Dropped(e.to_string())),
             }
-        };
-        if let Some(e) = file_error {
-            return Err(Stop::Fatal(HubError::io(job.incomplete(), "write", e)));
         }
-        result
     }
 }
 
@@ -348,30 +337,21 @@ enum Stop {
     Fatal(HubError),
 }
 
-/// The exclusive lock on `path` (created if needed), waited for when another process holds it.
+/// The exclusive lock on `path` (created if needed), waited for when another process holds it
+/// (as the conversion cache's lock is).
 fn lock(path: &Path, file: &str, progress: &mut dyn FnMut(Event)) -> Result<File, HubError> {
-    use std::os::fd::AsRawFd;
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)
         .map_err(|e| HubError::io(path, "open", e))?;
-    // SAFETY: `f` is an open file; flock only takes its descriptor.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+    if f.try_lock().is_ok() {
         return Ok(f);
     }
     progress(Event::Waiting { file });
-    loop {
-        // SAFETY: as above; the lock goes with the descriptor when `f` is dropped.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Ok(f);
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(HubError::io(path, "lock", e));
-        }
-    }
+    f.lock().map_err(|e| HubError::io(path, "lock", e))?;
+    Ok(f)
 }
 
 /// A transport failure (no answer, or a status where ureq makes one an error).

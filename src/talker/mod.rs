@@ -553,13 +553,8 @@ impl Talker {
         end: bool,
         rows: &mut Vec<f32>,
     ) -> Result<(), TalkerError> {
+        self.check_text_ids(ids)?;
         for &id in ids {
-            if id as usize >= self.n_text {
-                return Err(TalkerError::BadText {
-                    expected: format!("text ids below {}", self.n_text),
-                    found: id.to_string(),
-                });
-            }
             self.push_row(rows, Some(id as usize), None)?;
         }
         if end {

@@ -28,13 +28,19 @@ impl Talker {
                 found: format!("{n} ids starting {:?}", &ids[..n.min(4)]),
             });
         }
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.n_text) {
-            return Err(TalkerError::BadText {
+        self.check_text_ids(&ids)?;
+        Ok(ids)
+    }
+
+    /// Refuses an id outside the text vocabulary.
+    pub(super) fn check_text_ids(&self, ids: &[u32]) -> Result<(), TalkerError> {
+        match ids.iter().find(|&&i| i as usize >= self.n_text) {
+            Some(&bad) => Err(TalkerError::BadText {
                 expected: format!("text ids below {}", self.n_text),
                 found: bad.to_string(),
-            });
+            }),
+            None => Ok(()),
         }
-        Ok(ids)
     }
 
     /// Builds the prompt of one utterance (MODEL-NOTES.md §4.3, the reference's `generate`).

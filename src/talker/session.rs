@@ -199,9 +199,8 @@ impl<'t> Session<'t> {
         let want = opts
             .max_frames
             .unwrap_or_else(|| self.talker.frame_cap(prompt.text_tokens));
-        // Frame f > 0 is fed at position n + f - 1; the last needs no step after it.
-        self.cap = want.min(self.n_ctx - n + 1);
         self.prompt_len = n;
+        self.cap = self.within_context(want);
         self.frames = 0;
         if self.cap == 0 {
             self.options = None;
@@ -303,9 +302,15 @@ impl<'t> Session<'t> {
                     .talker
                     .frame_cap(tokens)
                     .min(limit.unwrap_or(usize::MAX));
-                self.cap = want.min(self.n_ctx - self.prompt_len + 1);
+                self.cap = self.within_context(want);
             }
         }
+    }
+
+    /// `frames` as far as the context holds after the running utterance's prompt: frame f > 0
+    /// is fed at position `prompt_len + f - 1`; the last needs no step after it.
+    fn within_context(&self, frames: usize) -> usize {
+        frames.min(self.n_ctx - self.prompt_len + 1)
     }
 
     /// Ends the running utterance early (its cache stays until the next start); returns the

@@ -32,6 +32,29 @@ pub struct NotUtf8 {
     pub found: Vec<u8>,
 }
 
+/// Appends `bytes` to `partial` and takes out the whole characters at its start; the start of a
+/// character whose last bytes have not come yet stays in `partial`. A sequence that can never be
+/// completed is an error (and stays in `partial`).
+pub(crate) fn take_utf8(partial: &mut Vec<u8>, bytes: &[u8]) -> Result<String, NotUtf8> {
+    partial.extend_from_slice(bytes);
+    let valid = match std::str::from_utf8(partial) {
+        Ok(s) => s.len(),
+        Err(e) => match e.error_len() {
+            Some(n) => {
+                let at = e.valid_up_to();
+                return Err(NotUtf8 {
+                    found: partial[at..at + n].to_vec(),
+                });
+            }
+            None => e.valid_up_to(),
+        },
+    };
+    let rest = partial.split_off(valid);
+    let text = std::mem::replace(partial, rest);
+    // `text` is the valid prefix `from_utf8` measured.
+    Ok(String::from_utf8(text).unwrap_or_default())
+}
+
 /// An incremental encoder over a [`Tokenizer`] (see the module docs).
 #[derive(Debug)]
 pub struct TextFeed<'t> {
@@ -84,26 +107,8 @@ impl<'t> TextFeed<'t> {
     /// final with them.
     pub fn push_bytes(&mut self, bytes: &[u8]) -> Result<&[u32], NotUtf8> {
         let before = self.ids.len();
-        self.partial.extend_from_slice(bytes);
-        let valid = match std::str::from_utf8(&self.partial) {
-            Ok(s) => s.len(),
-            Err(e) => match e.error_len() {
-                // A sequence that can never be completed.
-                Some(n) => {
-                    let at = e.valid_up_to();
-                    return Err(NotUtf8 {
-                        found: self.partial[at..at + n].to_vec(),
-                    });
-                }
-                // The start of a character whose last bytes have not come yet.
-                None => e.valid_up_to(),
-            },
-        };
-        let rest = self.partial.split_off(valid);
-        let text = std::mem::replace(&mut self.partial, rest);
-        if let Ok(s) = std::str::from_utf8(&text) {
-            self.raw.push_str(s);
-        }
+        let text = take_utf8(&mut self.partial, bytes)?;
+        self.raw.push_str(&text);
         self.settle();
         Ok(&self.ids[before..])
     }

@@ -24,28 +24,7 @@ pub const DEFAULT_MAX_TOKENS: usize = 150;
 /// whitespace, and the byte-order mark, are dropped; a whitespace run becomes one newline if it
 /// holds a line break, else one space; leading and trailing whitespace goes.
 pub fn normalize(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut pending: Option<char> = None;
-    for c in text.nfc() {
-        if c.is_whitespace() {
-            let newline = matches!(c, '\n' | '\r' | '\u{2028}' | '\u{2029}' | '\u{85}');
-            pending = match (pending, newline) {
-                (Some('\n'), _) | (_, true) => Some('\n'),
-                _ => Some(' '),
-            };
-            continue;
-        }
-        if c.is_control() || c == '\u{feff}' {
-            continue;
-        }
-        if let Some(p) = pending.take() {
-            if !out.is_empty() {
-                out.push(p);
-            }
-        }
-        out.push(c);
-    }
-    out
+    Normalizer::new().clean(text)
 }
 
 /// [`normalize`] of text that arrives in fragments: [`Normalizer::push`] returns the clean text
@@ -89,6 +68,8 @@ impl Normalizer {
         self.clean(&rest)
     }
 
+    /// The clean text of `text` (settled) after what was cleaned before; white space waits for
+    /// the next character.
     fn clean(&mut self, text: &str) -> String {
         let mut out = String::with_capacity(text.len());
         for c in text.nfc() {
