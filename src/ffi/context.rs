@@ -704,13 +704,22 @@ impl Context {
 
     /// A graph computing all of `outs` (in order), with a reusable work buffer.
     pub fn graph_of<'a>(&'a self, outs: &[Tensor<'a>]) -> Result<Graph<'a>, GgmlError> {
+        self.graph_of_nodes(outs, super::graph::GRAPH_NODES)
+    }
+
+    /// [`Context::graph_of`] with room for `nodes` nodes.
+    pub fn graph_of_nodes<'a>(
+        &'a self,
+        outs: &[Tensor<'a>],
+        nodes: usize,
+    ) -> Result<Graph<'a>, GgmlError> {
         // SAFETY: the context is live; the graph is allocated in it (room checked by ggml's
         // overhead function first).
-        let size = unsafe { sys::ggml_graph_overhead_custom(2048, false) };
+        let size = unsafe { sys::ggml_graph_overhead_custom(nodes, false) };
         self.room(size)?;
         // SAFETY: as above; `out` belongs to this context.
         let g = unsafe {
-            let g = sys::ggml_new_graph_custom(self.ptr.as_ptr(), 2048, false);
+            let g = sys::ggml_new_graph_custom(self.ptr.as_ptr(), nodes, false);
             if !g.is_null() {
                 for out in outs {
                     sys::ggml_build_forward_expand(g, out.ptr.as_ptr());

@@ -107,6 +107,9 @@ impl OwnedGraph {
     }
 }
 
+/// Nodes a graph may have unless its builder says otherwise.
+pub const GRAPH_NODES: usize = 2048;
+
 impl OwnedGraph {
     /// Builds a graph in a new context of `mem_bytes`: `build` returns the output nodes, which
     /// are computed in the order given (put cache writes before the nodes that read the cache).
@@ -117,7 +120,7 @@ impl OwnedGraph {
         reads: &[&SharedContext],
         build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,
     ) -> Result<Self, GgmlError> {
-        Self::build_in(Context::new(mem_bytes)?, reads, build, None)
+        Self::build_in(Context::new(mem_bytes)?, reads, build, None, GRAPH_NODES)
     }
 
     /// As [`OwnedGraph::build`], with ggml's graph allocator placing the context's tensors in one
@@ -130,16 +133,29 @@ impl OwnedGraph {
         reads: &[&SharedContext],
         build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,
     ) -> Result<Self, GgmlError> {
-        // Tensor headers and the graph only: 8192 tensors of overhead plus the graph's.
+        Self::build_allocated_nodes(keep, reads, GRAPH_NODES, build)
+    }
+
+    /// [`OwnedGraph::build_allocated`] for a graph of up to `nodes` nodes (instead of
+    /// [`GRAPH_NODES`]), with room for four tensors a node.
+    pub fn build_allocated_nodes(
+        keep: Option<&str>,
+        reads: &[&SharedContext],
+        nodes: usize,
+        build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,
+    ) -> Result<Self, GgmlError> {
+        let nodes = nodes.max(GRAPH_NODES);
+        // Tensor headers and the graph only: four tensors of overhead a node plus the graph's.
         // SAFETY: pure functions.
         let meta = unsafe {
-            8192 * sys::ggml_tensor_overhead() + sys::ggml_graph_overhead_custom(2048, false)
+            4 * nodes * sys::ggml_tensor_overhead() + sys::ggml_graph_overhead_custom(nodes, false)
         };
         Self::build_in(
             Context::with_alloc(meta, true)?,
             reads,
             build,
             Some(keep.unwrap_or("out.")),
+            nodes,
         )
     }
 
@@ -149,6 +165,7 @@ impl OwnedGraph {
         reads: &[&SharedContext],
         build: impl FnOnce(&Context) -> Result<Vec<Node>, GgmlError>,
         allocate: Option<&str>,
+        nodes: usize,
     ) -> Result<Self, GgmlError> {
         let outs: Vec<Tensor<'_>> = build(&ctx)?
             .into_iter()
@@ -157,7 +174,7 @@ impl OwnedGraph {
                 _ctx: std::marker::PhantomData,
             })
             .collect();
-        let graph = ctx.graph_of(&outs)?.ptr;
+        let graph = ctx.graph_of_nodes(&outs, nodes)?.ptr;
         reads_only(graph, &ctx, reads)?;
         let mut ports = Vec::new();
         // SAFETY: walking the live context's tensor list; names are NUL-terminated by ggml.

@@ -122,30 +122,136 @@ pub(crate) fn layer<'a>(
     kernel: LayerKernel,
     writes: &mut Vec<Tensor<'a>>,
 ) -> Result<Tensor<'a>, GgmlError> {
-    let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
     let rows = x.ne()[1];
+    let group = Group { rows, mask, kv };
+    layer_groups(c, w, names, d, x, pos, &[group], kernel, writes)
+}
+
+/// Consecutive rows of a batched layer that attend together, on their own cache: one stream's
+/// rows in a step of several streams ([`layer_groups`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Group<'a> {
+    /// Rows in the group.
+    pub rows: usize,
+    /// The group's causal mask, as [`layer`] takes it.
+    pub mask: Option<Tensor<'a>>,
+    /// The group's keys and values.
+    pub kv: Kv<'a>,
+}
+
+/// [`layer`] over groups of rows, each attending only its own keys and values (`groups`, in
+/// the order of `x`'s rows; `pos` holds every row's position): the products run once over all
+/// rows, the attention once per group. Each group's rows get the bits [`layer`] gives them
+/// alone, since the products compute each row on its own (the crate's kernels, whatever the
+/// number of rows) and a group's attention is [`layer`]'s on views of its rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn layer_groups<'a>(
+    c: &'a Context,
+    w: &dyn Fn(&str) -> Result<Tensor<'a>, GgmlError>,
+    names: Names,
+    d: Dims,
+    x: Tensor<'a>,
+    pos: Tensor<'a>,
+    groups: &[Group<'a>],
+    kernel: LayerKernel,
+    writes: &mut Vec<Tensor<'a>>,
+) -> Result<Tensor<'a>, GgmlError> {
+    let rows = x.ne()[1];
+    if groups.is_empty() || groups.iter().map(|g| g.rows).sum::<usize>() != rows {
+        return Err(GgmlError::Shape {
+            what: "layer row groups",
+            expected: format!("groups of {rows} rows in all"),
+            found: format!("{:?}", groups.iter().map(|g| g.rows).collect::<Vec<_>>()),
+        });
+    }
     let h = Normed::new(c, x, w(names.attn_norm)?, d.eps);
     // The crate's kernels multiply the layer's q (or joined qkv) matrix: f32 layers (the exact
     // path) stay with ggml's products and attention.
     let own = w("attn_qkv.weight")
         .or_else(|_| w("attn_q.weight"))
         .is_ok_and(|m| rust_kernel(kernel, m).is_some());
+    let qkv = match w("attn_qkv.weight") {
+        // One product of the joined matrix ([`JOINED`]), each row `[q, k, v]`.
+        Ok(qkv) => Qkv::Joined(h.product(qkv, kernel)?),
+        Err(_) => Qkv::Split(
+            h.product(w("attn_q.weight")?, kernel)?,
+            h.product(w("attn_k.weight")?, kernel)?,
+            h.product(w("attn_v.weight")?, kernel)?,
+        ),
+    };
+    let mut o: Option<Tensor<'a>> = None;
+    let mut r0 = 0;
+    for g in groups {
+        let (part, pos) = if groups.len() == 1 {
+            (qkv, pos)
+        } else {
+            let n = g.rows;
+            let pos = c.view(pos, [n, 1, 1], [4, 4 * n, 4 * n], 4 * r0)?;
+            (qkv.rows(c, r0, n)?, pos)
+        };
+        let og = attend_group(c, w, d, part, g.rows, pos, g.mask, g.kv, own, writes)?;
+        o = Some(match o {
+            None => og,
+            Some(p) => c.concat(p, og, 1)?,
+        });
+        r0 += g.rows;
+    }
+    let o = o.ok_or_else(|| GgmlError::Shape {
+        what: "layer row groups",
+        expected: "at least one".into(),
+        found: "none".into(),
+    })?;
+    feed_forward(c, w, names, d, x, o, kernel)
+}
+
+/// A layer's query, key and value products: the joined matrix's (each row `[q, k, v]`) or the
+/// three matrices'.
+#[derive(Debug, Clone, Copy)]
+enum Qkv<'a> {
+    Joined(Tensor<'a>),
+    Split(Tensor<'a>, Tensor<'a>, Tensor<'a>),
+}
+
+impl<'a> Qkv<'a> {
+    /// Rows `r0..r0 + n` of the products, as views.
+    fn rows(self, c: &'a Context, r0: usize, n: usize) -> Result<Self, GgmlError> {
+        let cols = |t: Tensor<'a>| {
+            let row = 4 * t.ne()[0];
+            c.view(t, [t.ne()[0], n, 1], [4, row, row * n], r0 * row)
+        };
+        Ok(match self {
+            Qkv::Joined(y) => Qkv::Joined(cols(y)?),
+            Qkv::Split(q, k, v) => Qkv::Split(cols(q)?, cols(k)?, cols(v)?),
+        })
+    }
+}
+
+/// One group's attention (see [`layer_groups`]) from its rows' products: `[hd · n_head, rows]`.
+#[allow(clippy::too_many_arguments)]
+fn attend_group<'a>(
+    c: &'a Context,
+    w: &dyn Fn(&str) -> Result<Tensor<'a>, GgmlError>,
+    d: Dims,
+    qkv: Qkv<'a>,
+    rows: usize,
+    pos: Tensor<'a>,
+    mask: Option<Tensor<'a>>,
+    kv: Kv<'a>,
+    own: bool,
+    writes: &mut Vec<Tensor<'a>>,
+) -> Result<Tensor<'a>, GgmlError> {
+    let (hd, nh, nkv) = (d.head_dim, d.n_head, d.n_head_kv);
     if let (Kv::Cache { k: ck, v: cv, p0 }, 1, true) = (kv, rows, own) {
         let fits = p0 < MAX_ATTEND && hd <= MAX_HEAD_DIM;
         if fits && ck.is_type(GgmlType::F32) && cv.is_type(GgmlType::F32) {
             // One row through the crate's kernels: its whole attention is one node, reading
             // `[q, k, v]` as one row (the joined matrix's product, or the three joined).
-            let y = match w("attn_qkv.weight") {
-                Ok(qkv) => h.product(qkv, kernel)?,
-                Err(_) => {
-                    let q = h.product(w("attn_q.weight")?, kernel)?;
-                    let k = h.product(w("attn_k.weight")?, kernel)?;
-                    let v = h.product(w("attn_v.weight")?, kernel)?;
-                    c.concat(c.concat(q, k, 0)?, v, 0)?
-                }
+            let y = match qkv {
+                Qkv::Joined(y) => y,
+                Qkv::Split(q, k, v) => c.concat(c.concat(q, k, 0)?, v, 0)?,
             };
             let norms = [w("attn_q_norm.weight")?, w("attn_k_norm.weight")?];
-            let o = c.attend_one(
+            return c.attend_one(
                 y,
                 norms,
                 [ck, cv],
@@ -154,14 +260,11 @@ pub(crate) fn layer<'a>(
                 d.eps,
                 d.theta,
                 attend,
-            )?;
-            return feed_forward(c, w, names, d, x, o, kernel);
+            );
         }
     }
-    let (q, k, v) = match w("attn_qkv.weight") {
-        // One product of the joined matrix ([`JOINED`]), each row `[q, k, v]`.
-        Ok(qkv) => {
-            let y = h.product(qkv, kernel)?;
+    let (q, k, v) = match qkv {
+        Qkv::Joined(y) => {
             let (f, row) = (4, 4 * y.ne()[0]);
             let nb = [f, f * hd, row];
             let v = c.view(
@@ -177,10 +280,10 @@ pub(crate) fn layer<'a>(
                 if rows > 1 { c.cont(v)? } else { v },
             )
         }
-        Err(_) => (
-            c.reshape(h.product(w("attn_q.weight")?, kernel)?, [hd, nh, rows])?,
-            c.reshape(h.product(w("attn_k.weight")?, kernel)?, [hd, nkv, rows])?,
-            h.product(w("attn_v.weight")?, kernel)?,
+        Qkv::Split(q, k, v) => (
+            c.reshape(q, [hd, nh, rows])?,
+            c.reshape(k, [hd, nkv, rows])?,
+            v,
         ),
     };
     let q = c.mul(c.rms_norm(q, d.eps)?, w("attn_q_norm.weight")?)?;
@@ -233,7 +336,7 @@ pub(crate) fn layer<'a>(
             }
         }
     };
-    feed_forward(c, w, names, d, x, o, kernel)
+    Ok(o)
 }
 
 /// `softmax(keys · q · scale + mask) · vals` for the query heads `q` (`[hd, n_head, rows]`),

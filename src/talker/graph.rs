@@ -303,6 +303,151 @@ impl Layers {
     }
 }
 
+impl Layers {
+    /// Whether sessions' steps over these layers can run as one [`Batch`]: q8_0 caches attended
+    /// row by row in the crate's own node, whose result does not depend on the other rows.
+    pub(super) fn batches(&self, state: &State<'_>) -> bool {
+        std::ptr::eq(state.layers, self) && state.flash && self.attends_row_itself(1)
+    }
+
+    /// The step graph of one row per cache of `caches` (row `r` at position `in.pos[r]` of
+    /// `caches[r]`): each row's layer as [`Layers::build`] makes it for one row
+    /// ([`qwen3::layer_groups`]), the products over all rows at once.
+    fn build_batch<'a>(
+        &'a self,
+        c: &'a Context,
+        caches: &[&'a Context],
+    ) -> Result<Vec<Tensor<'a>>, GgmlError> {
+        let get = |ctx: &'a Context, n: &str| {
+            ctx.get(n).ok_or(GgmlError::Shape {
+                what: "talker tensor",
+                expected: n.to_owned(),
+                found: "none".into(),
+            })
+        };
+        let (h, d, rows) = (self.n_embd, self.dims, caches.len());
+        let input = c.new_tensor(GgmlType::F32, &[h, rows])?.set_name("in.rows");
+        let pos = c.new_i32(rows)?.set_name("in.pos");
+        let mut outs = Vec::new();
+        let mut x = input;
+        for l in 0..self.n_layer {
+            let w = |n: &str| get(&self.weights[l], n);
+            let mut groups = Vec::with_capacity(rows);
+            for cache in caches {
+                let (k, v) = (
+                    get(cache, &format!("cache.k.{l}"))?,
+                    get(cache, &format!("cache.v.{l}"))?,
+                );
+                let n_kv = k.ne()[1];
+                groups.push(qwen3::Group {
+                    rows: 1,
+                    mask: None,
+                    kv: Kv::Flash { k, v, n_kv },
+                });
+            }
+            x = qwen3::layer_groups(c, &w, NAMES, d, x, pos, &groups, self.kernel, &mut outs)?;
+        }
+        let top = &self.weights[self.n_layer];
+        let hidden = c
+            .mul(c.rms_norm(x, d.eps)?, get(top, "output_norm.weight")?)?
+            .set_name("out.hidden");
+        let logits = layer_product(c, get(top, "output.weight")?, hidden, self.kernel)?
+            .set_name("out.logits");
+        outs.push(hidden);
+        outs.push(logits);
+        Ok(outs)
+    }
+}
+
+/// One step of several sessions at once: one row each, at its own position in its own cache
+/// (continuous batching). The graph is built for a list of caches and kept while the list
+/// stays the same (a stream joining or leaving rebuilds it); positions are inputs. Each row's
+/// hidden state and logits are the bits of the same step run alone ([`State::run`]).
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// The caches the graph was built for (their addresses), and the graph.
+    graph: Option<(Vec<usize>, OwnedGraph)>,
+    pos: Vec<i32>,
+    hidden: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl Batch {
+    /// Runs `rows` (one row of the talker's width per state) at `pos` (one each) in `states`,
+    /// which must all be over one [`Layers`] whose [`Layers::batches`] holds for them; each
+    /// state's [`State::hidden`] and [`State::logits`] are then its row's.
+    pub(super) fn run(
+        &mut self,
+        states: &mut [&mut State<'_>],
+        rows: &[f32],
+        pos: &[usize],
+        pool: &Threadpool,
+    ) -> Result<(), GgmlError> {
+        let Some(first) = states.first() else {
+            return Ok(());
+        };
+        let layers = first.layers;
+        let (h, n) = (layers.n_embd, states.len());
+        let fits = states.iter().zip(pos).all(|(s, &p)| p < s.n_ctx);
+        if rows.len() != n * h || pos.len() != n || !fits {
+            return Err(GgmlError::Shape {
+                what: "talker batch",
+                expected: format!("{n} rows of {h} at positions within their contexts"),
+                found: format!("{} values at positions {pos:?}", rows.len()),
+            });
+        }
+        if !states.iter().all(|s| layers.batches(s)) {
+            return Err(GgmlError::Shape {
+                what: "talker batch",
+                expected: "q8_0 caches over one set of layers under the crate's kernels".into(),
+                found: "another cache or kernel".into(),
+            });
+        }
+        let key: Vec<usize> = states
+            .iter()
+            .map(|s| &*s.cache as *const Context as usize)
+            .collect();
+        if self.graph.as_ref().map(|g| &g.0) != Some(&key) {
+            self.graph = None;
+            let mut reads = layers.reads(&states[0].cache);
+            reads.extend(states[1..].iter().map(|s| &s.cache));
+            let caches: Vec<&Context> = states.iter().map(|s| &*s.cache).collect();
+            // About 20 nodes a row and 10 more a layer.
+            let nodes = layers.n_layer * (10 + 24 * n) + 64;
+            let g = OwnedGraph::build_allocated_nodes(None, &reads, nodes, |c| {
+                let outs = layers.build_batch(c, &caches)?;
+                Ok(outs.into_iter().map(Tensor::node).collect())
+            })?;
+            self.graph = Some((key, g));
+        }
+        let Some((_, g)) = self.graph.as_mut() else {
+            return Err(port("batch graph"));
+        };
+        self.pos.clear();
+        self.pos.extend(pos.iter().map(|&p| p as i32));
+        let t = |name: &'static str| g.tensor(name).ok_or_else(|| port(name));
+        t("in.rows")?.write_f32(rows)?;
+        t("in.pos")?.write_i32(&self.pos)?;
+        g.compute(pool)?;
+        let t = |name: &'static str| g.tensor(name).ok_or_else(|| port(name));
+        self.hidden.resize(n * h, 0.0);
+        self.logits.resize(n * CODEC_VOCAB, 0.0);
+        t("out.hidden")?.read_f32(&mut self.hidden)?;
+        t("out.logits")?.read_f32(&mut self.logits)?;
+        for (i, s) in states.iter_mut().enumerate() {
+            s.hidden.copy_from_slice(&self.hidden[i * h..(i + 1) * h]);
+            s.logits
+                .copy_from_slice(&self.logits[i * CODEC_VOCAB..(i + 1) * CODEC_VOCAB]);
+        }
+        Ok(())
+    }
+
+    /// Drops the graph (and its hold on the caches it was built for).
+    pub fn clear(&mut self) {
+        self.graph = None;
+    }
+}
+
 /// Where a graph writes its rows' keys and values.
 #[derive(Debug, Clone, Copy)]
 enum At {

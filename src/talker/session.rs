@@ -243,29 +243,14 @@ impl<'t> Session<'t> {
     ///
     /// [`CodePredictor::embed_frame`]: crate::code_predictor::CodePredictor::embed_frame
     pub fn feed(&mut self, embedded: &[f32]) -> Result<Next, TalkerError> {
-        let h = self.talker.n_embd;
-        if self.options.is_none() {
-            return Err(TalkerError::NotRunning);
+        if let Some(stop) = self.prepare(embedded)? {
+            return Ok(stop);
         }
-        if embedded.len() != h {
-            return Err(TalkerError::Ggml(GgmlError::Shape {
-                what: "embedded frame",
-                expected: h.to_string(),
-                found: embedded.len().to_string(),
-            }));
-        }
-        if self.frames >= self.cap {
-            self.options = None;
-            return Ok(Next::Stop(StopReason::FrameCap { frames: self.cap }));
-        }
-        let step = self.frames - 1;
-        let text = self
-            .trailing
-            .get(step * h..(step + 1) * h)
-            .unwrap_or(&self.talker.tts_pad);
-        for ((o, e), t) in self.input.iter_mut().zip(embedded).zip(text) {
-            *o = e + t;
-        }
+        self.step_prepared()
+    }
+
+    /// The step of [`Session::feed`] once [`Session::prepare`] has written its row.
+    fn step_prepared(&mut self) -> Result<Next, TalkerError> {
         match &mut self.backend {
             Backend::Llama { ctx, batch } => {
                 batch.clear();
@@ -279,6 +264,120 @@ impl<'t> Session<'t> {
         }
         self.pos += 1;
         self.next()
+    }
+
+    /// Feeds each session its frame (`embedded[i]` to `sessions[i]`) as [`Session::feed`]
+    /// does, in one step for all (`batch`'s graph, on the first session's step pool) where
+    /// their caches allow it ([`Session::batches`]), else one after the other. Each session's
+    /// result is the one [`Session::feed`] gives it alone, to the bit.
+    pub fn feed_together(
+        sessions: &mut [&mut Session<'t>],
+        embedded: &[&[f32]],
+        batch: &mut graph::Batch,
+    ) -> Vec<Result<Next, TalkerError>> {
+        let mut out: Vec<Option<Result<Next, TalkerError>>> = Vec::new();
+        out.resize_with(sessions.len(), || None);
+        if sessions.len() != embedded.len() {
+            let e = || {
+                Err(TalkerError::BadText {
+                    expected: format!("{} embedded frames", sessions.len()),
+                    found: embedded.len().to_string(),
+                })
+            };
+            return sessions.iter().map(|_| e()).collect();
+        }
+        // The sessions whose step runs: prepared, and not stopped by their cap.
+        let mut run = Vec::new();
+        for (i, (s, e)) in sessions.iter_mut().zip(embedded).enumerate() {
+            match s.prepare(e) {
+                Ok(None) => run.push(i),
+                Ok(Some(stop)) => out[i] = Some(Ok(stop)),
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        let together = run.len() > 1 && run.iter().all(|&i| sessions[i].batches());
+        if together {
+            let h = sessions[run[0]].talker.n_embd;
+            let mut rows = Vec::with_capacity(run.len() * h);
+            let mut pos = Vec::with_capacity(run.len());
+            for &i in &run {
+                rows.extend_from_slice(&sessions[i].input);
+                pos.push(sessions[i].pos);
+            }
+            let pool = sessions[run[0]].pools.map(|p| p.0);
+            let mut states: Vec<&mut graph::State<'t>> = Vec::with_capacity(run.len());
+            let mut own = None;
+            for (i, s) in sessions.iter_mut().enumerate() {
+                if let (true, Backend::Graph { state, own_pool }) =
+                    (run.contains(&i), &mut s.backend)
+                {
+                    own = own.or(own_pool.as_ref());
+                    states.push(state);
+                }
+            }
+            let result = match pool.or(own) {
+                Some(pool) => batch.run(&mut states, &rows, &pos, pool),
+                None => Err(GgmlError::Threadpool {
+                    n_threads: 0,
+                    cores: Vec::new(),
+                }),
+            };
+            drop(states);
+            for &i in &run {
+                out[i] = Some(match &result {
+                    Ok(()) => {
+                        sessions[i].pos += 1;
+                        sessions[i].next()
+                    }
+                    Err(e) => Err(TalkerError::Ggml(e.clone())),
+                });
+            }
+        } else {
+            for &i in &run {
+                out[i] = Some(sessions[i].step_prepared());
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or(Err(TalkerError::NotRunning)))
+            .collect()
+    }
+
+    /// Whether this session's steps can run in one [`graph::Batch`] with others' (the crate's own
+    /// graph with q8_0 caches under the crate's kernels).
+    pub fn batches(&self) -> bool {
+        match (&self.backend, &self.talker.layers) {
+            (Backend::Graph { state, .. }, Layers::Graph(layers)) => layers.batches(state),
+            _ => false,
+        }
+    }
+
+    /// The checks and input of [`Session::feed`]: `Some(stop)` when the utterance has reached
+    /// its cap, else the step's row is in `self.input`.
+    fn prepare(&mut self, embedded: &[f32]) -> Result<Option<Next>, TalkerError> {
+        let h = self.talker.n_embd;
+        if self.options.is_none() {
+            return Err(TalkerError::NotRunning);
+        }
+        if embedded.len() != h {
+            return Err(TalkerError::Ggml(GgmlError::Shape {
+                what: "embedded frame",
+                expected: h.to_string(),
+                found: embedded.len().to_string(),
+            }));
+        }
+        if self.frames >= self.cap {
+            self.options = None;
+            return Ok(Some(Next::Stop(StopReason::FrameCap { frames: self.cap })));
+        }
+        let step = self.frames - 1;
+        let text = self
+            .trailing
+            .get(step * h..(step + 1) * h)
+            .unwrap_or(&self.talker.tts_pad);
+        for ((o, e), t) in self.input.iter_mut().zip(embedded).zip(text) {
+            *o = e + t;
+        }
+        Ok(None)
     }
 
     /// Appends text rows ([`Talker::text_rows`]) to the running utterance's trailing text: the

@@ -12,6 +12,7 @@ static ALLOC: assert_no_alloc::AllocDisabler = assert_no_alloc::AllocDisabler;
 mod common;
 
 mod audio;
+mod batch;
 #[allow(dead_code)] // `Outcome::Skipped` is the command's
 mod cases;
 mod checkpoint;

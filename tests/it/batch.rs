@@ -1,0 +1,210 @@
+//! Several streams' steps in one batch (continuous batching): each stream's results are the bits
+//! it gets alone, whoever runs beside it and whenever it joins or leaves.
+
+use crate::common;
+
+use common::max_abs;
+use qtts::code_predictor::LayerKernel;
+use qtts::model::convert::OutType;
+use qtts::sampling::SamplingParams;
+use qtts::talker::graph::Batch;
+use qtts::talker::{GenOptions, Next, Runtime, Session, Talker, TextInput, TextMode, Voice};
+
+/// The crate's kernels this process runs: scalar, and packed where the tier has them (the
+/// tier without is named as skipped).
+fn kernels() -> Vec<LayerKernel> {
+    let mut v = vec![LayerKernel::Scalar];
+    if LayerKernel::fastest() == LayerKernel::Packed {
+        v.push(LayerKernel::Packed);
+    } else {
+        eprintln!(
+            "packed kernels: skipped, kernel tier {} has none",
+            qtts::kernels::active()
+        );
+    }
+    v
+}
+
+/// A stream of the test: its text, seed and frame cap, and the step at which it joins.
+struct Stream {
+    text: &'static str,
+    speaker: &'static str,
+    seed: u64,
+    frames: usize,
+    joins: usize,
+}
+
+const STREAMS: [Stream; 3] = [
+    Stream {
+        text: "The first stream speaks a longer sentence than the others.",
+        speaker: "Vivian",
+        seed: 1,
+        frames: 14,
+        joins: 0,
+    },
+    Stream {
+        text: "A second one joins.",
+        speaker: "Ryan",
+        seed: 2,
+        frames: 6,
+        joins: 2,
+    },
+    Stream {
+        text: "And a third, later.",
+        speaker: "Vivian",
+        seed: 3,
+        frames: 9,
+        joins: 4,
+    },
+];
+
+/// What one stream computed: per step its code, hidden state and raw logits.
+#[derive(Debug, Default, PartialEq)]
+struct Trace {
+    codes: Vec<u32>,
+    hidden: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl Trace {
+    fn record(&mut self, s: &Session<'_>, code: u32) {
+        self.codes.push(code);
+        self.hidden.extend_from_slice(s.hidden());
+        self.logits.extend_from_slice(s.raw_logits().unwrap());
+    }
+
+    fn same_bits(&self, other: &Trace) -> bool {
+        let bits = |a: &[f32], b: &[f32]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+        };
+        self.codes == other.codes
+            && bits(&self.hidden, &other.hidden)
+            && bits(&self.logits, &other.logits)
+    }
+}
+
+/// The frame fed back after `code` (a stand-in for the code predictor's embedding: any row does,
+/// as long as both runs feed the same).
+fn embedded(code: u32, step: usize, h: usize) -> Vec<f32> {
+    (0..h)
+        .map(|i| (((code as usize * 31 + step * 17 + i * 7) % 97) as f32 / 97.0 - 0.5) * 0.1)
+        .collect()
+}
+
+fn options(s: &Stream, g: &qtts::model::config::GenerationConfig) -> GenOptions {
+    let mut o = GenOptions::from_config(g, s.seed);
+    o.max_frames = Some(s.frames);
+    o.sampling = SamplingParams {
+        temperature: 0.9,
+        ..o.sampling
+    };
+    o
+}
+
+/// Talker sessions stepped together in one batch give each stream the codes, hidden states and
+/// logits it gets stepped alone, to the bit: streams joining at different steps, leaving at
+/// their caps at different steps, sampled with their own seeds; under the scalar and the
+/// packed kernels.
+#[test]
+fn talker_steps_in_a_batch_are_each_streams_own() {
+    let (_tmp, out) = common::random_converted(&common::tiny_talker_256(), 21, OutType::Q8_0);
+    for kernel in kernels() {
+        let talker = Talker::load_with(&out.talker, Runtime::Graph(kernel)).unwrap();
+        let h = talker.n_embd();
+        let g = talker.generation_config().clone();
+        let pool = qtts::ffi::Threadpool::new(2, &[]).unwrap();
+        let prompts: Vec<_> = STREAMS
+            .iter()
+            .map(|s| {
+                let voice = Voice {
+                    speaker: Some(s.speaker.into()),
+                    language: Some("English".into()),
+                    ..Voice::default()
+                };
+                talker
+                    .prompt(&TextInput::Text(s.text.into()), &voice, TextMode::Streaming)
+                    .unwrap()
+            })
+            .collect();
+        let session = || Session::new(&talker, 128, 2, Some((&pool, None)), false).unwrap();
+
+        // Alone.
+        let alone: Vec<Trace> = STREAMS
+            .iter()
+            .zip(&prompts)
+            .map(|(s, p)| {
+                let mut ses = session();
+                assert!(ses.batches(), "{kernel:?}: q8_0 caches batch");
+                let mut t = Trace::default();
+                let mut next = ses.start(p, &options(s, &g)).unwrap();
+                while let Next::Code(c) = next {
+                    t.record(&ses, c);
+                    next = ses.feed(&embedded(c, t.codes.len(), h)).unwrap();
+                }
+                t
+            })
+            .collect();
+        assert!(alone.iter().all(|t| t.codes.len() > 1));
+
+        // Together: each joins at its step, all running ones stepped in one batch.
+        let mut sessions: Vec<Session<'_>> = STREAMS.iter().map(|_| session()).collect();
+        let mut traces: Vec<Trace> = STREAMS.iter().map(|_| Trace::default()).collect();
+        let mut running = vec![false; STREAMS.len()];
+        let mut last = vec![0u32; STREAMS.len()];
+        let mut batch = Batch::default();
+        let mut sizes = Vec::new();
+        for step in 0.. {
+            for (i, s) in STREAMS.iter().enumerate() {
+                if s.joins == step {
+                    match sessions[i].start(&prompts[i], &options(s, &g)).unwrap() {
+                        Next::Code(c) => {
+                            traces[i].record(&sessions[i], c);
+                            (running[i], last[i]) = (true, c);
+                        }
+                        Next::Stop(_) => {}
+                    }
+                }
+            }
+            let ids: Vec<usize> = (0..STREAMS.len()).filter(|&i| running[i]).collect();
+            if ids.is_empty() && step > STREAMS.iter().map(|s| s.joins).max().unwrap() {
+                break;
+            }
+            let rows: Vec<Vec<f32>> = ids
+                .iter()
+                .map(|&i| embedded(last[i], traces[i].codes.len(), h))
+                .collect();
+            let refs: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
+            let mut picked: Vec<&mut Session<'_>> = sessions
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| running[*i])
+                .map(|(_, s)| s)
+                .collect();
+            sizes.push(picked.len());
+            let results = Session::feed_together(&mut picked, &refs, &mut batch);
+            drop(picked);
+            for (&i, r) in ids.iter().zip(results) {
+                match r.unwrap() {
+                    Next::Code(c) => {
+                        traces[i].record(&sessions[i], c);
+                        last[i] = c;
+                    }
+                    Next::Stop(_) => running[i] = false,
+                }
+            }
+        }
+        assert!(
+            sizes.contains(&3),
+            "{kernel:?}: three streams at once ({sizes:?})"
+        );
+        for (i, (a, b)) in alone.iter().zip(&traces).enumerate() {
+            assert!(
+                a.same_bits(b),
+                "{kernel:?}: stream {i} differs in a batch: codes {:?} / {:?}, logits by {}",
+                a.codes,
+                b.codes,
+                max_abs(&a.logits, &b.logits)
+            );
+        }
+    }
+}
