@@ -16,8 +16,11 @@
 //! - The KV cache is overwritten from position 0 every frame: positions restart at 0 per frame,
 //!   as in the reference (a fresh `DynamicCache` per `code_predictor.generate`).
 
+mod batch;
 mod graph;
 pub mod heads;
+
+pub use batch::MAX_ROWS;
 
 use heads::Heads;
 
@@ -162,6 +165,8 @@ pub struct CodePredictor {
     kernel: LayerKernel,
     /// The weights and the KV cache, read by the graphs (which hold them too).
     weights: SharedContext,
+    /// Several streams' frames at once ([`CodePredictor::frames`]).
+    batched: batch::Batched,
 }
 
 impl Geometry {
@@ -282,6 +287,7 @@ impl CodePredictor {
             kernel,
             heads_ctx: None,
             weights,
+            batched: batch::Batched::default(),
         })
     }
 
@@ -314,6 +320,7 @@ impl CodePredictor {
             &self.geometry,
             kernel,
         )?;
+        self.batched.clear_graphs();
         self.kernel = kernel;
         Ok(())
     }
@@ -384,6 +391,7 @@ impl CodePredictor {
         // The heads' tensors view the packed bytes, which the context holds.
         let ctx = SharedContext::over_bytes(bytes, &views).map_err(ModelError::from)?;
         self.steps = build_steps(&self.weights, Some(&ctx), &g, self.kernel)?;
+        self.batched.clear_graphs();
         self.heads_ctx = Some(ctx);
         Ok(())
     }

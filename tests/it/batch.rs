@@ -208,3 +208,91 @@ fn talker_steps_in_a_batch_are_each_streams_own() {
         }
     }
 }
+
+/// Code-predictor frames of several streams in one batch give each row the codes of its frame
+/// alone, sampled with its own seed: 2 to 5 rows, under the scalar and packed kernels, with the
+/// sample heads on the host and packed in the graphs.
+#[test]
+fn code_predictor_frames_in_a_batch_are_each_rows_own() {
+    use qtts::code_predictor::CodePredictor;
+    use qtts::gguf::GgufFile;
+    use qtts::sampling::Sampler;
+    let (_tmp, out) = common::random_converted(&common::tiny_talker_256(), 22, OutType::Q8_0);
+    let f = GgufFile::open(&out.mmproj).unwrap();
+    let pool = qtts::ffi::Threadpool::new(2, &[]).unwrap();
+    let params = SamplingParams {
+        do_sample: true,
+        temperature: 0.9,
+        top_k: 50,
+        top_p: 1.0,
+    };
+    for kernel in kernels() {
+        for packed_heads in [false, true] {
+            let mut cp = CodePredictor::load(&f).unwrap();
+            cp.set_layer_kernel(kernel).unwrap();
+            if packed_heads && !cp.pack_heads() {
+                eprintln!(
+                    "packed heads: skipped, kernel tier {}",
+                    qtts::kernels::active()
+                );
+                continue;
+            }
+            let n_talker = cp.geometry().n_talker;
+            let hidden: Vec<Vec<f32>> = (0..5)
+                .map(|r| {
+                    (0..n_talker)
+                        .map(|i| (((i * 13 + r * 101) % 89) as f32 / 89.0 - 0.5) * 2.0)
+                        .collect()
+                })
+                .collect();
+            let code0 = |r: usize| (r * 397 % 2048) as u32;
+            // Each row alone, twice (the frame before must not matter).
+            let alone: Vec<[u32; 15]> = (0..5)
+                .map(|r| {
+                    let mut s = Sampler::new(100 + r as u64);
+                    cp.frame(
+                        &pool,
+                        &hidden[r],
+                        code0(r),
+                        &mut |_, l| s.sample(l, &params),
+                        None,
+                    )
+                    .unwrap()
+                })
+                .collect();
+            for n in [2, 3, 5, 2] {
+                let inputs: Vec<(&[f32], u32)> =
+                    (0..n).map(|r| (hidden[r].as_slice(), code0(r))).collect();
+                let mut samplers: Vec<Sampler> =
+                    (0..n).map(|r| Sampler::new(100 + r as u64)).collect();
+                let got = cp
+                    .frames(&pool, &inputs, &mut |r, _, l| {
+                        samplers[r].sample(l, &params)
+                    })
+                    .unwrap();
+                assert_eq!(
+                    got,
+                    alone[..n],
+                    "{kernel:?}, packed heads {packed_heads}: {n} rows"
+                );
+            }
+            // Rows in another order are still each their own.
+            let order = [3, 0, 4];
+            let inputs: Vec<(&[f32], u32)> = order
+                .iter()
+                .map(|&r| (hidden[r].as_slice(), code0(r)))
+                .collect();
+            let mut samplers: Vec<Sampler> = order
+                .iter()
+                .map(|&r| Sampler::new(100 + r as u64))
+                .collect();
+            let got = cp
+                .frames(&pool, &inputs, &mut |i, _, l| {
+                    samplers[i].sample(l, &params)
+                })
+                .unwrap();
+            let want: Vec<[u32; 15]> = order.iter().map(|&r| alone[r]).collect();
+            assert_eq!(got, want, "{kernel:?}: rows reordered");
+        }
+    }
+}
