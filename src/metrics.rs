@@ -31,6 +31,10 @@ pub struct Metrics {
     pub decoder_claim: Histogram<u64>,
     /// Audio queued in the sink after each write (ms), for sinks that queue.
     pub ring_fill: Histogram<u64>,
+    /// Streams in each of the request's talker steps (1: alone; more: a batch with others'
+    /// steps, [`crate::engine::EngineConfig::max_streams`]). A count, not a time: not in
+    /// [`Metrics::named`].
+    pub streams: Histogram<u64>,
 }
 
 fn hist() -> Histogram<u64> {
@@ -50,6 +54,7 @@ impl Default for Metrics {
             decoder_wait: hist(),
             decoder_claim: hist(),
             ring_fill: hist(),
+            streams: hist(),
         }
     }
 }
@@ -107,6 +112,7 @@ impl Metrics {
         for (mine, (_, h)) in self.named_mut().into_iter().zip(theirs) {
             let _ = mine.add(h);
         }
+        let _ = self.streams.add(&other.streams);
     }
 
     /// The percentile table: count, p50, p90, p99 and max per histogram, in ms (ring fill in ms of

@@ -112,6 +112,12 @@ pub struct EngineConfig {
     /// talker's prefill, the code predictor, then the decoder while the others wait. A shorter
     /// time to first audio, for about one decoder frame of delay to the second frame.
     pub burst: bool,
+    /// Requests synthesized at once (continuous batching): 1, one at a time. Each running
+    /// request has a slot of its own (talker KV cache, sampler, decoder state); every frame,
+    /// their talker steps run as one batch and so do their code-predictor frames, and each
+    /// request's codes and samples are those it gets alone. At most
+    /// [`crate::code_predictor::MAX_ROWS`].
+    pub max_streams: usize,
 }
 
 impl Default for EngineConfig {
@@ -128,6 +134,7 @@ impl Default for EngineConfig {
             talker: TalkerRuntime::fastest(),
             decoder: DecoderWeights::fastest(),
             burst: true,
+            max_streams: 1,
         }
     }
 }
@@ -139,6 +146,11 @@ impl EngineConfig {
     /// while that plays.
     pub fn chunk_after(&self, decoded: usize) -> usize {
         decoded.clamp(1, self.decoder_chunk.max(1))
+    }
+
+    /// [`EngineConfig::max_streams`] within 1 ..= [`crate::code_predictor::MAX_ROWS`].
+    pub fn streams(&self) -> usize {
+        self.max_streams.clamp(1, crate::code_predictor::MAX_ROWS)
     }
 
     /// The code predictor of `mmproj` as this configuration runs it: q8_0 heads when

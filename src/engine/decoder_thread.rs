@@ -17,7 +17,7 @@ use super::protocol::Ready;
 use super::synthesis::Finished;
 use super::synthesis::Summary;
 use crate::audio::{AudioError, AudioSink, FRAME_SAMPLES};
-use crate::decoder::Decoder;
+use crate::decoder::{Decoder, DecoderState};
 use crate::ffi::{CoreLoan, Threadpool};
 use crate::gguf::GgufFile;
 use crate::metrics::{record, Metrics};
@@ -36,6 +36,59 @@ struct Active {
     /// Frames decoded in this utterance (the next chunk's size: `EngineConfig::chunk_after`).
     decoded: usize,
     summary: Summary,
+    metrics: Metrics,
+    /// The stream's decoder state while another stream's is loaded.
+    state: Option<DecoderState>,
+    /// Non-finite samples of the stream's earlier loads.
+    non_finite: u64,
+}
+
+/// The decoder and which slot's stream it holds: each request's stream state (conv histories,
+/// transformer window) is swapped in when its frames are decoded and saved when another's are.
+struct Streams {
+    voc: Decoder,
+    active: Vec<Option<Active>>,
+    loaded: Option<usize>,
+}
+
+impl Streams {
+    /// Makes slot `to`'s stream the decoder's, saving the loaded one's; a stream with no saved
+    /// state starts cold.
+    fn switch(&mut self, to: usize) -> Result<(), EngineError> {
+        if self.loaded == Some(to) {
+            return Ok(());
+        }
+        if let Some(l) = self.loaded.take() {
+            if let Some(a) = self.active[l].as_mut() {
+                a.non_finite += self.voc.non_finite();
+                a.state = Some(self.voc.state()?);
+            }
+        }
+        match self.active[to].as_mut().and_then(|a| a.state.take()) {
+            Some(s) => self.voc.restore(&s)?,
+            None => self.voc.reset()?,
+        }
+        self.loaded = Some(to);
+        Ok(())
+    }
+
+    /// Slot `slot`'s pending frames decoded and written (its stream loaded first).
+    fn decode(&mut self, slot: usize, pool: &Threadpool, loan: Option<&CoreLoan>, pcm: &mut [f32]) {
+        let Some(a) = self.active[slot].as_ref() else {
+            return;
+        };
+        if a.pending.is_empty() {
+            return;
+        }
+        let switched = self.switch(slot);
+        let Some(a) = self.active[slot].as_mut() else {
+            return;
+        };
+        if let Err(e) = switched {
+            a.error.get_or_insert(e);
+        }
+        decode_pending(&mut self.voc, pool, loan, a, pcm);
+    }
 }
 
 pub(super) fn run(
@@ -55,20 +108,25 @@ pub(super) fn run(
         voc.set_max_chunk(cfg.decoder_chunk.max(1));
         Ok((pool, burst, voc))
     })();
-    let Some((pool, burst, mut voc)) = announce(ready, setup) else {
+    let Some((pool, burst, voc)) = announce(ready, setup) else {
         return;
     };
     let chunk = cfg.decoder_chunk.max(1);
     let mut pcm = vec![0.0f32; chunk * FRAME_SAMPLES];
-    let mut active: Option<Active> = None;
+    let mut st = Streams {
+        voc,
+        active: (0..cfg.streams()).map(|_| None).collect(),
+        loaded: None,
+    };
     let mut primed = super::prime::PrimeCache::default();
-    let mut metrics = Metrics::default();
+    let loan = loan.as_deref();
     loop {
         let t = Instant::now();
         let Ok(msg) = rx.recv() else { return };
         let waited = t.elapsed();
         match msg {
             DecoderMsg::Begin {
+                slot,
                 mut sink,
                 cancel,
                 started,
@@ -76,60 +134,86 @@ pub(super) fn run(
                 done,
             } => {
                 let error = sink.begin().err().map(EngineError::from);
-                metrics = Metrics::default();
-                active = Some(Active {
-                    sink,
-                    cancel,
-                    started,
-                    keep_codes,
-                    done,
-                    error,
-                    pending: Vec::with_capacity(chunk),
-                    decoded: 0,
-                    summary: Summary::empty(),
-                });
-            }
-            DecoderMsg::SegmentStart(reference) => {
-                if let Some(a) = active.as_mut() {
-                    if let Err(e) = primed.start(&mut voc, &pool, reference.as_ref()) {
-                        a.error.get_or_insert(e);
-                    }
-                    a.pending.clear();
-                    a.decoded = 0;
+                if let Some(a) = st.active.get_mut(slot) {
+                    *a = Some(Active {
+                        sink,
+                        cancel,
+                        started,
+                        keep_codes,
+                        done,
+                        error,
+                        pending: Vec::with_capacity(chunk),
+                        decoded: 0,
+                        summary: Summary::empty(),
+                        metrics: Metrics::default(),
+                        state: None,
+                        non_finite: 0,
+                    });
                 }
             }
-            DecoderMsg::Frame(codes) | DecoderMsg::FirstFrame(codes) => {
-                let first = matches!(msg, DecoderMsg::FirstFrame(_));
-                if let Some(a) = active.as_mut() {
-                    record(&mut metrics.decoder_wait, waited);
+            DecoderMsg::SegmentStart(slot, reference) => {
+                if st.active.get(slot).is_some_and(Option::is_some) {
+                    // The stream starts over: what the decoder holds is saved (another
+                    // slot's) or dropped (this one's).
+                    if st.loaded == Some(slot) {
+                        if let Some(a) = st.active[slot].as_mut() {
+                            a.non_finite += st.voc.non_finite();
+                        }
+                    } else {
+                        let _ = st.switch(slot);
+                    }
+                    let started = primed.start(&mut st.voc, &pool, reference.as_ref());
+                    st.loaded = Some(slot);
+                    if let Some(a) = st.active[slot].as_mut() {
+                        if let Err(e) = started {
+                            a.error.get_or_insert(e);
+                        }
+                        a.state = None;
+                        a.pending.clear();
+                        a.decoded = 0;
+                    }
+                }
+            }
+            DecoderMsg::Frame(slot, codes) | DecoderMsg::FirstFrame(slot, codes) => {
+                let first = matches!(msg, DecoderMsg::FirstFrame(..));
+                let mut due = false;
+                if let Some(Some(a)) = st.active.get_mut(slot) {
+                    record(&mut a.metrics.decoder_wait, waited);
                     a.summary.frames += 1;
                     if a.keep_codes {
                         a.summary.codes.push(codes);
                     }
                     a.pending.push(codes);
-                    if a.pending.len() >= cfg.chunk_after(a.decoded) {
-                        let on = match (&burst, first) {
-                            (Some(b), true) => b,
-                            _ => &pool,
-                        };
-                        let loan = loan.as_deref();
+                    due = a.pending.len() >= cfg.chunk_after(a.decoded);
+                    if due {
                         a.decoded += a.pending.len();
-                        decode_pending(&mut voc, on, loan, a, &mut pcm, &mut metrics);
                     }
+                }
+                if due {
+                    let on = match (&burst, first) {
+                        (Some(b), true) => b,
+                        _ => &pool,
+                    };
+                    st.decode(slot, on, loan, &mut pcm);
                 }
                 // The code predictor waits for this, whatever became of the frame.
                 if first && first_done.send(()).is_err() {
                     return;
                 }
             }
-            DecoderMsg::SegmentEnd => {
-                if let Some(a) = active.as_mut() {
-                    let loan = loan.as_deref();
-                    decode_pending(&mut voc, &pool, loan, a, &mut pcm, &mut metrics);
+            DecoderMsg::SegmentEnd(slot) => {
+                if st.active.get(slot).is_some_and(Option::is_some) {
+                    st.decode(slot, &pool, loan, &mut pcm);
                 }
             }
-            DecoderMsg::End(end) => {
-                let Some(mut a) = active.take() else { continue };
+            DecoderMsg::End(slot, end) => {
+                let Some(mut a) = st.active.get_mut(slot).and_then(Option::take) else {
+                    continue;
+                };
+                if st.loaded == Some(slot) {
+                    a.non_finite += st.voc.non_finite();
+                    st.loaded = None;
+                }
                 a.summary.generated = a.started.elapsed();
                 let cancelled = a.cancel.load(Ordering::Acquire);
                 if let Err(e) = a.sink.end(&a.cancel) {
@@ -143,10 +227,10 @@ pub(super) fn run(
                     metrics: mut m,
                     text_starved,
                 } = *end;
-                m.merge(&metrics);
+                m.merge(&a.metrics);
                 let mut s = a.summary;
                 s.elapsed = a.started.elapsed();
-                s.non_finite = voc.non_finite();
+                s.non_finite = a.non_finite;
                 s.stop = if cancelled {
                     StopReason::Cancelled
                 } else {
@@ -175,7 +259,6 @@ fn decode_pending(
     loan: Option<&CoreLoan>,
     a: &mut Active,
     pcm: &mut [f32],
-    metrics: &mut Metrics,
 ) {
     if a.error.is_none() && !a.cancel.load(Ordering::Acquire) {
         let sink = &mut *a.sink;
@@ -190,7 +273,7 @@ fn decode_pending(
             cancel,
             started,
             &mut a.summary,
-            metrics,
+            &mut a.metrics,
         ) {
             Ok(()) | Err(EngineError::Audio(AudioError::Cancelled)) => {}
             Err(e) => {

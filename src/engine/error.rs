@@ -66,6 +66,15 @@ pub enum EngineError {
         /// The queue's capacity.
         queue: usize,
     },
+    /// Another request's frame in the same batch failed, and with it this one's.
+    /// Send the request again; report the error (it is a bug).
+    #[error(
+        "a frame computed in one batch with this request's failed: {error}; send the request again"
+    )]
+    BatchFailed {
+        /// The other request's error.
+        error: String,
+    },
     /// The thread plan cannot run.
     /// Fix [`EngineConfig::plan`](super::EngineConfig::plan) (or use [`ThreadPlan::default_for`](super::ThreadPlan::default_for)).
     #[error("thread plan: expected {expected}, found {found}")]

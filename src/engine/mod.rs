@@ -102,7 +102,7 @@ impl Engine {
         let (job_tx, job_rx) = bounded::<Box<StageJob>>(protocol::JOB_QUEUE);
         let (cp_tx, cp_rx) = bounded::<CodePredictorMsg>(protocol::TO_CODE_PREDICTOR);
         let (reply_tx, reply_rx) = bounded::<CodePredictorReply>(protocol::TO_TALKER);
-        let (dec_tx, dec_rx) = bounded::<DecoderMsg>(config.codes_queue.max(1));
+        let (dec_tx, dec_rx) = bounded::<DecoderMsg>(config.codes_queue.max(1) * config.streams());
         // Decoder → CP: "an utterance's first frame is written" (see `DecoderMsg::FirstFrame`).
         let (first_tx, first_rx) = bounded::<()>(protocol::FIRST_FRAME_ACK);
         let (ready_tx, ready_rx) =
@@ -197,10 +197,18 @@ impl Engine {
         self.synthesize_with(req, sink, Arc::new(AtomicBool::new(false)))
     }
 
-    /// [`Engine::synthesize`] stopped by `cancel` (a flag the caller made before the request
+    /// Starts a request beside the running ones: up to [`EngineConfig::max_streams`] run at
+    /// once, each in a slot of its own, with the codes and samples it gets alone. Past that,
+    /// one more waits for a free slot and this call blocks until the engine takes it (a caller
+    /// that queues requests, as [`Worker`] does, starts no more than `max_streams` at once).
+    pub fn start(&self, req: Request, sink: Box<dyn AudioSink>) -> Synthesis<'_> {
+        self.synthesize_with(req, sink, Arc::new(AtomicBool::new(false)))
+    }
+
+    /// [`Engine::start`] stopped by `cancel` (a flag the caller made before the request
     /// started, as [`Worker`] does for queued requests).
     pub(crate) fn synthesize_with(
-        &mut self,
+        &self,
         req: Request,
         sink: Box<dyn AudioSink>,
         cancel: Arc<AtomicBool>,

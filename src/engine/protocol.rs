@@ -16,13 +16,13 @@ use crate::ffi::Reservation;
 use crate::metrics::Metrics;
 use crate::sampling::SamplingParams;
 
-/// Requests waiting for the talker: 1, so [`super::Engine::synthesize`] (which takes the engine by
-/// `&mut`) never queues behind a running request; a second one waits in the caller, not here.
+/// Requests waiting for the talker to take them into a free slot: 1; more wait in the caller
+/// ([`super::Engine::start`] blocks while one waits here).
 pub(super) const JOB_QUEUE: usize = 1;
-/// Talker → code predictor: one frame's hidden state and code 0 (the talker then waits for the
-/// reply; at most one frame, 80 ms of audio, is in flight between them).
+/// Talker → code predictor: one step's frames, a row per stream (the talker then waits for the
+/// reply; at most one frame a stream, 80 ms of its audio, is in flight between them).
 pub(super) const TO_CODE_PREDICTOR: usize = 1;
-/// Code predictor → talker: the frame's embedded codes, the talker's next input (one frame).
+/// Code predictor → talker: the step's embedded codes, the talker's next inputs (one step).
 pub(super) const TO_TALKER: usize = 1;
 /// Decoder → code predictor: "an utterance's first frame is written" (one acknowledgement).
 pub(super) const FIRST_FRAME_ACK: usize = 1;
@@ -43,35 +43,46 @@ pub(super) struct Job {
     pub(super) started: Instant,
 }
 
+/// Which of the engine's streams a message is for: its slot, `0..EngineConfig::max_streams`.
+pub(super) type Slot = usize;
+
+/// One stream's row of a batched code-predictor frame, there and back with its buffers.
+pub(super) struct FrameRow {
+    pub(super) slot: Slot,
+    /// The talker's hidden state (there); unchanged (back).
+    pub(super) hidden: Vec<f32>,
+    /// Back: the frame's embedded codes, the talker's next input.
+    pub(super) embedded: Vec<f32>,
+    pub(super) code0: u32,
+    /// Set on an utterance's first frame: (seed, sampling).
+    pub(super) reseed: Option<(u64, SamplingParams)>,
+}
+
 /// Talker → code predictor.
 pub(super) enum CodePredictorMsg {
-    Frame {
-        hidden: Vec<f32>,
-        embedded: Vec<f32>,
-        code0: u32,
-        /// Set on an utterance's first frame: (seed, sampling).
-        reseed: Option<(u64, SamplingParams)>,
-    },
-    /// Send back the metrics of this request.
-    Collect,
+    /// One frame of each stream in the step (one row each).
+    Frames(Vec<FrameRow>),
+    /// Send back the metrics of this stream's request.
+    Collect(Slot),
 }
 
 /// Code predictor → talker.
 pub(super) enum CodePredictorReply {
-    Frame {
-        hidden: Vec<f32>,
-        embedded: Vec<f32>,
+    Frames {
+        rows: Vec<FrameRow>,
         /// The decoder's cores, reserved for the talker's next step when it borrows them: the
         /// decoder decodes after that step instead of beside it. Dropped after the step.
         cores: Option<Reservation>,
     },
-    Failed(EngineError, Vec<f32>, Vec<f32>),
+    /// The frame failed (for every row of it); the rows come back with their buffers.
+    Failed(EngineError, Vec<FrameRow>),
     Metrics(Box<Metrics>),
 }
 
-/// Talker and code predictor → decoder.
+/// Talker and code predictor → decoder, each message for one stream.
 pub(super) enum DecoderMsg {
     Begin {
+        slot: Slot,
         sink: Box<dyn AudioSink>,
         cancel: Arc<AtomicBool>,
         started: Instant,
@@ -79,13 +90,13 @@ pub(super) enum DecoderMsg {
         done: Sender<Finished>,
     },
     /// A new utterance; with a cloned voice's reference, the decoder is primed with it.
-    SegmentStart(Option<Arc<crate::talker::IclReference>>),
-    Frame([u32; 16]),
+    SegmentStart(Slot, Option<Arc<crate::talker::IclReference>>),
+    Frame(Slot, [u32; 16]),
     /// An utterance's first frame, sent with the burst on: decoded on every core while the code
     /// predictor waits (so the talker does too), then acknowledged on the first-frame channel.
-    FirstFrame([u32; 16]),
-    SegmentEnd,
-    End(Box<EndMsg>),
+    FirstFrame(Slot, [u32; 16]),
+    SegmentEnd(Slot),
+    End(Slot, Box<EndMsg>),
 }
 
 /// A request's end, as the decoder receives it.

@@ -310,7 +310,7 @@ pub struct Synthesis<'e> {
     pub(super) cancel: Arc<AtomicBool>,
     pub(super) progress: Arc<AtomicUsize>,
     pub(super) done: Receiver<Finished>,
-    pub(super) _engine: std::marker::PhantomData<&'e mut Engine>,
+    pub(super) _engine: std::marker::PhantomData<&'e Engine>,
 }
 
 /// A request's end: its summary (or error) and the sink it wrote to.

@@ -296,3 +296,125 @@ fn code_predictor_frames_in_a_batch_are_each_rows_own() {
         }
     }
 }
+
+/// A request of the engine tests below: seeded sampling, its own text and frame cap.
+fn request(text: &str, speaker: &str, seed: u64, frames: usize) -> qtts::engine::Request {
+    let mut req = qtts::engine::Request::text(text);
+    req.voice = Voice {
+        speaker: Some(speaker.into()),
+        language: Some("English".into()),
+        ..Voice::default()
+    };
+    req.seed = seed;
+    req.max_frames = Some(frames);
+    req.keep_codes = true;
+    req
+}
+
+fn batch_engine(out: &qtts::model::convert::Converted, streams: usize) -> qtts::engine::Engine {
+    let cfg = qtts::engine::EngineConfig {
+        plan: qtts::engine::ThreadPlan::for_cores(2),
+        n_ctx: 256,
+        max_streams: streams,
+        ..qtts::engine::EngineConfig::default()
+    };
+    qtts::engine::Engine::load(&common::files(out), cfg).unwrap()
+}
+
+/// What a request gave: its codes, samples and stop.
+type Outcome = (Vec<[u32; 16]>, Vec<f32>, qtts::talker::StopReason);
+
+fn outcome(s: qtts::engine::Synthesis<'_>) -> Outcome {
+    let (summary, sink) = s.wait();
+    let summary = summary.unwrap();
+    let sink: qtts::audio::MemorySink = qtts::engine::downcast_sink(sink).unwrap();
+    let most = summary.metrics.streams.max();
+    eprintln!(
+        "{} frames, at most {most} streams in a step",
+        summary.codes.len()
+    );
+    (summary.codes, sink.samples, summary.stop)
+}
+
+/// Waits until `s` has made `n` frames (the order of events, not their time, is the test's).
+fn after_frames(s: &qtts::engine::Synthesis<'_>, n: usize) {
+    while s.frames() < n {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+fn same_bits(a: &Outcome, b: &Outcome) -> bool {
+    a.0 == b.0
+        && a.2 == b.2
+        && a.1.len() == b.1.len()
+        && a.1
+            .iter()
+            .zip(&b.1)
+            .all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// The engine with three slots: requests that join while others run (after 3 and 6 frames of
+/// the first), one of them split into two utterances, get the codes and samples they get alone,
+/// to the bit; a request cancelled while others run stops alone and the others play on, equal
+/// to their runs alone.
+#[test]
+fn engine_streams_at_once_are_each_what_they_are_alone() {
+    let (_tmp, out) = common::random_converted(&common::tiny_talker_256(), 23, OutType::Q8_0);
+    let engine = batch_engine(&out, 3);
+    let long = "The first request speaks the longest text of the three. \
+                It has a second sentence, spoken as a second utterance.";
+    let reqs = [
+        request(long, "Vivian", 5, 20),
+        request("A second voice joins in.", "Ryan", 6, 12),
+        request("A third, a little later.", "Vivian", 7, 9),
+    ];
+    let mut split = reqs[0].clone();
+    split.max_frames = None;
+    split.frame_limit = Some(24);
+    let reqs = [split, reqs[1].clone(), reqs[2].clone()];
+    let alone: Vec<Outcome> = reqs
+        .iter()
+        .map(|r| outcome(engine.start(r.clone(), Box::new(qtts::audio::MemorySink::default()))))
+        .collect();
+    assert!(
+        alone.iter().all(|o| o.0.len() > 3),
+        "{:?}",
+        alone.iter().map(|o| o.0.len()).collect::<Vec<_>>()
+    );
+    for round in 0..2 {
+        let sink = || Box::new(qtts::audio::MemorySink::default());
+        let a = engine.start(reqs[0].clone(), sink());
+        after_frames(&a, 3);
+        let b = engine.start(reqs[1].clone(), sink());
+        after_frames(&b, 2);
+        let c = engine.start(reqs[2].clone(), sink());
+        let got = [outcome(a), outcome(b), outcome(c)];
+        for (i, (x, y)) in alone.iter().zip(&got).enumerate() {
+            assert!(
+                same_bits(x, y),
+                "round {round}, request {i}: {} / {} frames, by {}",
+                x.0.len(),
+                y.0.len(),
+                max_abs(&x.1, &y.1)
+            );
+        }
+    }
+    // One cancelled while the others go on.
+    let sink = || Box::new(qtts::audio::MemorySink::default());
+    let a = engine.start(reqs[0].clone(), sink());
+    let b = engine.start(reqs[1].clone(), sink());
+    after_frames(&b, 2);
+    b.cancel();
+    let c = engine.start(reqs[2].clone(), sink());
+    let (ga, gb, gc) = (outcome(a), outcome(b), outcome(c));
+    assert_eq!(gb.2, qtts::talker::StopReason::Cancelled);
+    assert!(gb.0.len() < alone[1].0.len());
+    assert!(
+        same_bits(&alone[0], &ga),
+        "the first, beside a cancelled one"
+    );
+    assert!(
+        same_bits(&alone[2], &gc),
+        "the third, after a cancelled one"
+    );
+}
