@@ -111,6 +111,13 @@ pub trait AudioSink: Send + std::any::Any {
     fn queued_ms(&self) -> Option<f64> {
         None
     }
+
+    /// Whether a write now would wait for the consumer (a bounded queue that is full). An engine
+    /// running several streams holds such a stream's samples, and its frames, until the queue
+    /// has room, instead of waiting with every stream.
+    fn is_full(&self) -> bool {
+        false
+    }
 }
 
 /// Makes a ring of `capacity_ms` and its two halves; playback of each utterance waits for
@@ -524,6 +531,10 @@ impl ChannelSink {
 }
 
 impl AudioSink for ChannelSink {
+    fn is_full(&self) -> bool {
+        self.tx.is_full()
+    }
+
     fn write(&mut self, pcm: &[f32], cancel: &AtomicBool) -> Result<(), AudioError> {
         let mut chunk = pcm.to_vec();
         loop {

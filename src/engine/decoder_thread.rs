@@ -4,13 +4,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::config::EngineConfig;
 use super::error::EngineError;
 use super::plan::burst_pool;
 use super::plan::pin;
 use super::protocol::announce;
+use super::protocol::Behind;
 use super::protocol::DecoderMsg;
 use super::protocol::EndMsg;
 use super::protocol::Ready;
@@ -41,6 +42,10 @@ struct Active {
     state: Option<DecoderState>,
     /// Non-finite samples of the stream's earlier loads.
     non_finite: u64,
+    /// Samples decoded while the sink was full, written once it takes them.
+    held: Vec<f32>,
+    /// The request's end, kept until its held samples are written.
+    end: Option<Box<EndMsg>>,
 }
 
 /// The decoder and which slot's stream it holds: each request's stream state (conv histories,
@@ -49,6 +54,8 @@ struct Streams {
     voc: Decoder,
     active: Vec<Option<Active>>,
     loaded: Option<usize>,
+    /// Per slot: its sink is full and samples wait (the talker skips the slot meanwhile).
+    behind: Behind,
 }
 
 impl Streams {
@@ -87,7 +94,77 @@ impl Streams {
         if let Err(e) = switched {
             a.error.get_or_insert(e);
         }
-        decode_pending(&mut self.voc, pool, loan, a, pcm);
+        decode_pending(&mut self.voc, pool, loan, a, pcm, &self.behind[slot]);
+    }
+
+    /// Writes the held samples of every stream whose sink takes them now, and ends the requests
+    /// that waited for that.
+    fn flush(&mut self) {
+        for slot in 0..self.active.len() {
+            let Some(a) = self.active[slot].as_mut() else {
+                continue;
+            };
+            if a.held.is_empty() {
+                continue;
+            }
+            deliver(a, &self.behind[slot]);
+            if a.held.is_empty() && a.end.is_some() {
+                self.finish(slot);
+            }
+        }
+    }
+
+    /// Whether a stream holds samples its sink has not taken.
+    fn holding(&self) -> bool {
+        self.active.iter().flatten().any(|a| !a.held.is_empty())
+    }
+
+    /// Slot `slot`'s request is over (its end came, and its samples are written unless it was
+    /// cancelled): the sink's end, then the answer.
+    fn finish(&mut self, slot: usize) {
+        let Some(mut a) = self.active.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        self.behind[slot].store(false, Ordering::Release);
+        let Some(end) = a.end.take() else { return };
+        if self.loaded == Some(slot) {
+            a.non_finite += self.voc.non_finite();
+            self.loaded = None;
+        }
+        a.summary.generated = a.started.elapsed();
+        let cancelled = a.cancel.load(Ordering::Acquire);
+        if let Err(e) = a.sink.end(&a.cancel) {
+            if !cancelled {
+                a.error.get_or_insert(e.into());
+            }
+        }
+        let EndMsg {
+            result,
+            segments,
+            metrics: mut m,
+            text_starved,
+        } = *end;
+        m.merge(&a.metrics);
+        let mut s = a.summary;
+        s.elapsed = a.started.elapsed();
+        s.non_finite = a.non_finite;
+        s.stop = if cancelled {
+            StopReason::Cancelled
+        } else {
+            segments
+                .last()
+                .map(|r| r.stop)
+                .unwrap_or(StopReason::Cancelled)
+        };
+        s.segments = segments;
+        s.metrics = m;
+        s.text_starved_frames = text_starved;
+        let result = match (result, a.error) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Some(e)) => Err(e),
+            (Ok(()), None) => Ok(s),
+        };
+        let _ = a.done.send((result, a.sink));
     }
 }
 
@@ -98,6 +175,7 @@ pub(super) fn run(
     ready: Ready,
     rx: Receiver<DecoderMsg>,
     first_done: Sender<()>,
+    behind: Behind,
 ) {
     let setup = (|| -> Result<(Threadpool, Option<Threadpool>, Decoder), EngineError> {
         let pool = pin(&cfg.plan.decoder, None)?;
@@ -117,13 +195,29 @@ pub(super) fn run(
         voc,
         active: (0..cfg.streams()).map(|_| None).collect(),
         loaded: None,
+        behind,
     };
     let mut primed = super::prime::PrimeCache::default();
     let loan = loan.as_deref();
     loop {
         let t = Instant::now();
-        let Ok(msg) = rx.recv() else { return };
+        let msg = if st.holding() {
+            match rx.recv_timeout(HELD_POLL) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        } else {
+            match rx.recv() {
+                Ok(m) => Some(m),
+                Err(_) => return,
+            }
+        };
         let waited = t.elapsed();
+        let Some(msg) = msg else {
+            st.flush();
+            continue;
+        };
         match msg {
             DecoderMsg::Begin {
                 slot,
@@ -148,6 +242,8 @@ pub(super) fn run(
                         metrics: Metrics::default(),
                         state: None,
                         non_finite: 0,
+                        held: Vec::new(),
+                        end: None,
                     });
                 }
             }
@@ -207,48 +303,20 @@ pub(super) fn run(
                 }
             }
             DecoderMsg::End(slot, end) => {
-                let Some(mut a) = st.active.get_mut(slot).and_then(Option::take) else {
-                    continue;
-                };
-                if st.loaded == Some(slot) {
-                    a.non_finite += st.voc.non_finite();
-                    st.loaded = None;
-                }
-                a.summary.generated = a.started.elapsed();
-                let cancelled = a.cancel.load(Ordering::Acquire);
-                if let Err(e) = a.sink.end(&a.cancel) {
-                    if !cancelled {
-                        a.error.get_or_insert(e.into());
+                if let Some(Some(a)) = st.active.get_mut(slot) {
+                    a.end = Some(end);
+                    // A cancelled request's held samples are dropped.
+                    if a.cancel.load(Ordering::Acquire) {
+                        a.held.clear();
+                    }
+                    if a.held.is_empty() {
+                        st.finish(slot);
                     }
                 }
-                let EndMsg {
-                    result,
-                    segments,
-                    metrics: mut m,
-                    text_starved,
-                } = *end;
-                m.merge(&a.metrics);
-                let mut s = a.summary;
-                s.elapsed = a.started.elapsed();
-                s.non_finite = a.non_finite;
-                s.stop = if cancelled {
-                    StopReason::Cancelled
-                } else {
-                    segments
-                        .last()
-                        .map(|r| r.stop)
-                        .unwrap_or(StopReason::Cancelled)
-                };
-                s.segments = segments;
-                s.metrics = m;
-                s.text_starved_frames = text_starved;
-                let result = match (result, a.error) {
-                    (Err(e), _) => Err(e),
-                    (Ok(()), Some(e)) => Err(e),
-                    (Ok(()), None) => Ok(s),
-                };
-                let _ = a.done.send((result, a.sink));
             }
+        }
+        if st.holding() {
+            st.flush();
         }
     }
 }
@@ -259,23 +327,14 @@ fn decode_pending(
     loan: Option<&CoreLoan>,
     a: &mut Active,
     pcm: &mut [f32],
+    behind: &AtomicBool,
 ) {
-    if a.error.is_none() && !a.cancel.load(Ordering::Acquire) {
-        let sink = &mut *a.sink;
-        let (cancel, started) = (&*a.cancel, a.started);
-        match decode_and_write(
-            voc,
-            pool,
-            loan,
-            &a.pending,
-            pcm,
-            sink,
-            cancel,
-            started,
-            &mut a.summary,
-            &mut a.metrics,
-        ) {
-            Ok(()) | Err(EngineError::Audio(AudioError::Cancelled)) => {}
+    if a.error.is_none() && !a.cancel.load(Ordering::Acquire) && !a.pending.is_empty() {
+        match decode_frames(voc, pool, loan, &a.pending, pcm, &mut a.metrics) {
+            Ok(n) => {
+                a.held.extend_from_slice(&pcm[..n]);
+                deliver(a, behind);
+            }
             Err(e) => {
                 a.error.get_or_insert(e);
             }
@@ -283,6 +342,33 @@ fn decode_pending(
     }
     a.pending.clear();
 }
+
+/// Writes a stream's held samples to its sink when the sink takes them without waiting; else
+/// keeps them and marks the stream `behind`, so that a slow reader holds back its own stream
+/// only (the talker skips it until its sink has room).
+fn deliver(a: &mut Active, behind: &AtomicBool) {
+    if a.held.is_empty() || a.sink.is_full() {
+        behind.store(!a.held.is_empty(), Ordering::Release);
+        return;
+    }
+    a.summary.playout.ready(Instant::now(), a.summary.samples);
+    match a.sink.write(&a.held, &a.cancel) {
+        Ok(()) | Err(AudioError::Cancelled) => {}
+        Err(e) => {
+            a.error.get_or_insert(e.into());
+        }
+    }
+    a.summary.ttfa.get_or_insert_with(|| a.started.elapsed());
+    a.summary.samples += a.held.len();
+    if let Some(q) = a.sink.queued_ms() {
+        let _ = a.metrics.ring_fill.record((q.round() as u64).max(1));
+    }
+    a.held.clear();
+    behind.store(false, Ordering::Release);
+}
+
+/// How often the decoder looks again at a full sink while it holds that stream's samples.
+const HELD_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Decodes `frames` into `pcm` and writes their samples to `sink`; records each frame's decoder
 /// time, the first sample's time since `started`, the samples written and the sink's fill
@@ -300,9 +386,32 @@ pub(crate) fn decode_and_write(
     summary: &mut Summary,
     metrics: &mut Metrics,
 ) -> Result<(), EngineError> {
-    let n = frames.len();
+    let n = decode_frames(voc, pool, loan, frames, pcm, metrics)?;
     if n == 0 {
         return Ok(());
+    }
+    summary.playout.ready(Instant::now(), summary.samples);
+    sink.write(&pcm[..n], cancel)?;
+    summary.ttfa.get_or_insert_with(|| started.elapsed());
+    summary.samples += n;
+    if let Some(q) = sink.queued_ms() {
+        let _ = metrics.ring_fill.record((q.round() as u64).max(1));
+    }
+    Ok(())
+}
+
+/// Decodes `frames` into `pcm`, recording each frame's decoder time; returns the samples made.
+fn decode_frames(
+    voc: &mut Decoder,
+    pool: &Threadpool,
+    loan: Option<&CoreLoan>,
+    frames: &[[u32; 16]],
+    pcm: &mut [f32],
+    metrics: &mut Metrics,
+) -> Result<usize, EngineError> {
+    let n = frames.len();
+    if n == 0 {
+        return Ok(0);
     }
     let out = &mut pcm[..n * FRAME_SAMPLES];
     // The cores this stage lends, back for the frames' compute only (not the sink's write,
@@ -320,12 +429,5 @@ pub(crate) fn decode_and_write(
     for _ in 0..n {
         record(&mut metrics.decoder_frame, per);
     }
-    summary.playout.ready(Instant::now(), summary.samples);
-    sink.write(&out[..d.samples], cancel)?;
-    summary.ttfa.get_or_insert_with(|| started.elapsed());
-    summary.samples += d.samples;
-    if let Some(q) = sink.queued_ms() {
-        let _ = metrics.ring_fill.record((q.round() as u64).max(1));
-    }
-    Ok(())
+    Ok(d.samples)
 }

@@ -107,6 +107,11 @@ impl Engine {
         let (first_tx, first_rx) = bounded::<()>(protocol::FIRST_FRAME_ACK);
         let (ready_tx, ready_rx) =
             bounded::<Result<Option<StartInfo>, EngineError>>(protocol::READY);
+        let behind: protocol::Behind = Arc::new(
+            (0..config.streams())
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+        );
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -116,11 +121,12 @@ impl Engine {
         };
         {
             let (files, cfg, ready) = (files.clone(), config.clone(), ready_tx.clone());
-            let (dec_tx, loan) = (dec_tx.clone(), loan.clone());
+            let (dec_tx, loan, behind) = (dec_tx.clone(), loan.clone(), behind.clone());
             threads.push(spawn(
                 "qtts-talker",
                 Box::new(move || {
-                    talker_thread::run(files, cfg, loan, ready, job_rx, cp_tx, reply_rx, dec_tx)
+                    let channels = (job_rx, cp_tx, reply_rx, dec_tx);
+                    talker_thread::run(files, cfg, loan, ready, channels, behind)
                 }),
             )?);
         }
@@ -140,7 +146,9 @@ impl Engine {
             let (files, cfg, ready) = (files.clone(), config.clone(), ready_tx);
             threads.push(spawn(
                 "qtts-decoder",
-                Box::new(move || decoder_thread::run(files, cfg, loan, ready, dec_rx, first_tx)),
+                Box::new(move || {
+                    decoder_thread::run(files, cfg, loan, ready, dec_rx, first_tx, behind)
+                }),
             )?);
         }
         let mut info = None;

@@ -43,6 +43,10 @@ pub(super) struct Job {
     pub(super) started: Instant,
 }
 
+/// Per slot, set by the decoder while the slot's sink is full and its samples wait: the talker
+/// skips the slot's frames until it clears.
+pub(super) type Behind = Arc<Vec<AtomicBool>>;
+
 /// Which of the engine's streams a message is for: its slot, `0..EngineConfig::max_streams`.
 pub(super) type Slot = usize;
 

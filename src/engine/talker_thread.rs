@@ -16,6 +16,7 @@ use super::error::EngineError;
 use super::feed::TextReader;
 use super::plan::burst_pool;
 use super::plan::pin;
+use super::protocol::Behind;
 use super::protocol::CodePredictorMsg;
 use super::protocol::CodePredictorReply;
 use super::protocol::DecoderMsg;
@@ -39,16 +40,21 @@ use crate::talker::graph::Batch;
 use crate::talker::Runtime as TalkerRuntime;
 use crate::talker::{Next, Session, StopReason, Talker};
 
-#[allow(clippy::too_many_arguments)]
+/// The talker's channels: requests in, the code predictor there and back, the decoder.
+pub(super) type Channels = (
+    Receiver<Box<Job>>,
+    Sender<CodePredictorMsg>,
+    Receiver<CodePredictorReply>,
+    Sender<DecoderMsg>,
+);
+
 pub(super) fn run(
     files: ModelFiles,
     cfg: EngineConfig,
     loan: Option<Arc<CoreLoan>>,
     ready: Ready,
-    jobs: Receiver<Box<Job>>,
-    cp_tx: Sender<CodePredictorMsg>,
-    reply_rx: Receiver<CodePredictorReply>,
-    dec_tx: Sender<DecoderMsg>,
+    (jobs, cp_tx, reply_rx, dec_tx): Channels,
+    behind: Behind,
 ) {
     let setup = (|| -> Result<(Threadpool, Option<Threadpool>, Talker), EngineError> {
         let pool = pin(&cfg.plan.talker, loan.as_ref())?;
@@ -98,6 +104,7 @@ pub(super) fn run(
         dec_tx,
         batch: Batch::default(),
         cores: None,
+        behind,
     };
     while t.turn(&jobs) {}
 }
@@ -118,6 +125,8 @@ struct Talk<'t> {
     batch: Batch,
     /// The decoder's cores, reserved by the code predictor for the next step.
     cores: Option<Reservation>,
+    /// Per slot: its reader is behind (its sink full); its frames wait.
+    behind: Behind,
 }
 
 /// A running request.
@@ -390,6 +399,9 @@ impl<'t> Talk<'t> {
     fn frames(&mut self) -> bool {
         let mut rows = Vec::new();
         for (i, slot) in self.slots.iter_mut().enumerate() {
+            if self.behind[i].load(Ordering::Acquire) {
+                continue;
+            }
             let Some(slot) = slot.as_mut() else { continue };
             let Some(now) = slot.now.as_mut() else {
                 continue;
@@ -458,6 +470,9 @@ impl<'t> Talk<'t> {
         let mut ids = Vec::new();
         let mut failed = Vec::new();
         for (i, slot) in self.slots.iter_mut().enumerate() {
+            if self.behind[i].load(Ordering::Acquire) {
+                continue;
+            }
             let Some(slot) = slot.as_mut() else { continue };
             let Some(now) = slot.now.as_mut() else {
                 continue;
@@ -602,11 +617,15 @@ impl<'t> Talk<'t> {
                     self.fail(i, e);
                 }
             }
-            None if any => std::thread::sleep(Duration::from_millis(1)),
+            // Every running stream's reader is behind.
+            None if any => std::thread::sleep(BEHIND_POLL),
             None => {}
         }
     }
 }
+
+/// How long the talker sleeps when every running stream's reader is behind.
+const BEHIND_POLL: Duration = Duration::from_millis(2);
 
 /// How long the talker waits for a fed text's next fragment before it looks at the cancel flag
 /// again.

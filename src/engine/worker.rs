@@ -2,7 +2,7 @@
 //! that cannot hold `&mut Engine` across a request (the C ABI, the Python package, a server).
 //!
 //! ```text
-//!  any thread ──submit──▶ queue (cap `queue`) ──▶ qtts-worker: Engine::synthesize ──▶ chunks
+//!  any thread ──submit──▶ queue (cap `queue`) ──▶ qtts-worker: Engine::start ────────▶ chunks
 //!      ▲                                                                  (cap CHUNK_QUEUE)
 //!      └────────────── Job::read (pull, with a timeout) ◀─────────────────────┘
 //! ```
@@ -14,10 +14,13 @@
 //! - A [`Job`]'s audio is pulled ([`Job::read`], [`Job::next_chunk`]): foreign code never runs on
 //!   an engine thread. At most [`CHUNK_QUEUE`] decoder chunks wait; past that the engine blocks
 //!   (backpressure), so a reader that stops reading holds no more than that in memory.
+//! - Up to [`EngineConfig::max_streams`] requests run at once (one by default), taken in
+//!   submission order; each has its own chunks, so a reader that stops reading holds its own
+//!   request back (the engine's pipeline with it, for now: see the engine's docs).
 //! - [`Job::cancel`], or dropping the [`Job`], stops the request between frames, whether it is
 //!   running or still queued; the worker then takes the next one. [`Worker::cancel_all`] does so
 //!   for every request submitted before it.
-//! - Dropping the [`Worker`] cancels the running request, answers the queued ones with
+//! - Dropping the [`Worker`] cancels the running requests, answers the queued ones with
 //!   [`StopReason::Cancelled`] and joins the thread.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -38,7 +41,7 @@ use crate::talker::StopReason;
 /// at one frame a chunk (more with [`EngineConfig::decoder_chunk`] above 1).
 pub const CHUNK_QUEUE: usize = 16;
 
-/// Requests that may wait behind the running one by default ([`Worker::load`]'s `queue`).
+/// Requests that may wait behind the running ones by default ([`Worker::load`]'s `queue`).
 pub const DEFAULT_QUEUE: usize = 8;
 
 /// A job's state, shared by its reader and the worker: the one that moves it out of `QUEUED`
@@ -84,8 +87,8 @@ struct Shared {
     submitted: AtomicU64,
     /// Requests up to this `seq` are cancelled ([`Worker::cancel_all`]).
     cancelled_up_to: AtomicU64,
-    /// The running request's flag.
-    running: Mutex<Option<Arc<AtomicBool>>>,
+    /// The running requests' flags.
+    running: Mutex<Vec<Arc<AtomicBool>>>,
 }
 
 impl std::fmt::Debug for Queued {
@@ -111,7 +114,7 @@ impl Worker {
         let thread = std::thread::Builder::new()
             .name("qtts-worker".into())
             .spawn(move || {
-                let mut engine = match Engine::load(&files, cfg) {
+                let engine = match Engine::load(&files, cfg) {
                     Ok(e) => {
                         let _ = ready_tx.send(Ok(e.info().clone()));
                         e
@@ -121,7 +124,7 @@ impl Worker {
                         return;
                     }
                 };
-                serve(&mut engine, &jobs_rx, &stop_rx, &count);
+                serve(&engine, &jobs_rx, &stop_rx, &count);
             })
             .map_err(|_| EngineError::StageGone { stage: "worker" })?;
         match ready_rx.recv() {
@@ -155,12 +158,21 @@ impl Worker {
         &self.config
     }
 
-    /// Requests waiting behind the running one.
+    /// Requests waiting behind the running ones.
     pub fn queued(&self) -> usize {
         self.shared.waiting.load(Ordering::Acquire)
     }
 
-    /// Cancels every request submitted so far: the running one and the queued ones.
+    /// Requests running in the engine now (at most [`EngineConfig::streams`]).
+    pub fn running(&self) -> usize {
+        self.shared
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Cancels every request submitted so far: the running ones and the queued ones.
     pub fn cancel_all(&self) {
         // SeqCst with the worker's store of `running` then load of this: either it sees this
         // bound, or this sees its flag.
@@ -168,11 +180,12 @@ impl Worker {
         self.shared
             .cancelled_up_to
             .fetch_max(last, Ordering::SeqCst);
-        if let Some(flag) = &*self
+        for flag in self
             .shared
             .running
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .iter()
         {
             flag.store(true, Ordering::Release);
         }
@@ -232,57 +245,91 @@ impl Worker {
     }
 }
 
-/// The worker thread's loop: one request at a time until the queue closes.
-fn serve(engine: &mut Engine, jobs: &Receiver<Queued>, stop: &Receiver<()>, shared: &Shared) {
-    let set_running = |flag: Option<Arc<AtomicBool>>| {
-        *shared.running.lock().unwrap_or_else(|e| e.into_inner()) = flag;
+/// A request the worker thread has started.
+struct Running<'e> {
+    seq: u64,
+    cancel: Arc<AtomicBool>,
+    done: Sender<Result<Summary, EngineError>>,
+    synthesis: super::Synthesis<'e>,
+}
+
+/// The worker thread's loop: up to [`EngineConfig::max_streams`] requests at once, taken in
+/// submission order, until the queue closes and the last one ends.
+fn serve(engine: &Engine, jobs: &Receiver<Queued>, stop: &Receiver<()>, shared: &Shared) {
+    let max = engine.config().streams();
+    let flags = |f: &dyn Fn(&mut Vec<Arc<AtomicBool>>)| {
+        f(&mut shared.running.lock().unwrap_or_else(|e| e.into_inner()));
     };
     // The `seq` of the request answered last (0: none yet).
     let mut last = 0;
-    while let Ok(job) = jobs.recv() {
-        shared.waiting.fetch_sub(1, Ordering::AcqRel);
-        // Before the state leaves QUEUED, so that a reader that sees it taken sees this too.
-        job.after.store(last, Ordering::Release);
-        if job
-            .state
-            .compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            // Cancelled while queued: its reader has answered itself.
-            continue;
+    let mut running: Vec<Running<'_>> = Vec::new();
+    let (mut stopping, mut closed) = (false, false);
+    loop {
+        if closed && running.is_empty() {
+            return;
         }
-        set_running(Some(job.cancel.clone()));
-        if job.seq <= shared.cancelled_up_to.load(Ordering::SeqCst) {
-            job.cancel.store(true, Ordering::Release);
-        }
-        let stopping = matches!(
-            stop.try_recv(),
-            Err(crossbeam_channel::TryRecvError::Disconnected)
-        );
-        if stopping || job.cancel.load(Ordering::Acquire) {
-            let mut s = Summary::empty();
-            s.stop = StopReason::Cancelled;
-            set_running(None);
-            let _ = job.done.send(Ok(s));
-            last = job.seq;
-            continue;
-        }
-        let s = engine.synthesize_with(job.req, Box::new(job.sink), job.cancel.clone());
-        let finished = crossbeam_channel::select! {
-            recv(s.done) -> d => d,
-            recv(stop) -> _ => {
-                // The worker is being dropped: stop this request, then answer it.
-                job.cancel.store(true, Ordering::Release);
-                s.done.recv()
+        let mut sel = crossbeam_channel::Select::new();
+        let take = (!closed && running.len() < max).then(|| sel.recv(jobs));
+        let halt = (!stopping).then(|| sel.recv(stop));
+        let ends: Vec<usize> = running
+            .iter()
+            .map(|r| sel.recv(&r.synthesis.done))
+            .collect();
+        let op = sel.select();
+        let i = op.index();
+        if Some(i) == take {
+            let Ok(job) = op.recv(jobs) else {
+                closed = true;
+                continue;
+            };
+            shared.waiting.fetch_sub(1, Ordering::AcqRel);
+            // Before the state leaves QUEUED, so that a reader that sees it taken sees this too.
+            job.after.store(last, Ordering::Release);
+            if job
+                .state
+                .compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                // Cancelled while queued: its reader has answered itself.
+                continue;
             }
-        };
-        set_running(None);
-        let result = match finished {
-            Ok((r, _sink)) => r,
-            Err(_) => Err(EngineError::StageGone { stage: "decoder" }),
-        };
-        let _ = job.done.send(result);
-        last = job.seq;
+            flags(&|v| v.push(job.cancel.clone()));
+            if job.seq <= shared.cancelled_up_to.load(Ordering::SeqCst) {
+                job.cancel.store(true, Ordering::Release);
+            }
+            if stopping || job.cancel.load(Ordering::Acquire) {
+                let mut s = Summary::empty();
+                s.stop = StopReason::Cancelled;
+                flags(&|v| v.retain(|f| !Arc::ptr_eq(f, &job.cancel)));
+                let _ = job.done.send(Ok(s));
+                last = job.seq;
+                continue;
+            }
+            let synthesis = engine.synthesize_with(job.req, Box::new(job.sink), job.cancel.clone());
+            running.push(Running {
+                seq: job.seq,
+                cancel: job.cancel,
+                done: job.done,
+                synthesis,
+            });
+        } else if Some(i) == halt {
+            let _ = op.recv(stop);
+            // The worker is being dropped: stop the running requests, then answer them.
+            stopping = true;
+            for r in &running {
+                r.cancel.store(true, Ordering::Release);
+            }
+        } else if let Some(k) = ends.iter().position(|&e| e == i) {
+            let finished = op.recv(&running[k].synthesis.done);
+            let r = running.remove(k);
+            flags(&|v| v.retain(|f| !Arc::ptr_eq(f, &r.cancel)));
+            let result = match finished {
+                Ok((r, _sink)) => r,
+                Err(_) => Err(EngineError::StageGone { stage: "decoder" }),
+            };
+            let _ = r.done.send(result);
+            last = r.seq;
+        }
     }
 }
 
@@ -325,8 +372,8 @@ impl Order {
 
     /// Once the worker has taken the job: the [`Order::seq`] of the request it answered just
     /// before (0 for its first). `None` while the job is queued, or when it was cancelled there.
-    /// The worker runs one request at a time, so a job whose `after` is another's `seq` started
-    /// only once that one had ended.
+    /// With [`EngineConfig::max_streams`] 1 the worker runs one request at a time, so a job
+    /// whose `after` is another's `seq` started only once that one had ended.
     pub fn after(&self) -> Option<u64> {
         (self.state.load(Ordering::Acquire) == TAKEN).then(|| self.after.load(Ordering::Acquire))
     }

@@ -418,3 +418,63 @@ fn engine_streams_at_once_are_each_what_they_are_alone() {
         "the third, after a cancelled one"
     );
 }
+
+/// A worker with three streams: jobs read one after the other from one thread (each job's
+/// chunk queue fills while another is read) all complete, each equal to its run alone: a
+/// reader that is behind holds back its own stream, not the others.
+#[test]
+fn a_worker_runs_streams_at_once_and_a_slow_reader_holds_back_only_its_own() {
+    let (_tmp, out) = common::random_converted(&common::tiny_talker_256(), 24, OutType::Q8_0);
+    let reqs = [
+        request(
+            "The first of three, read last and longest of all.",
+            "Vivian",
+            8,
+            60,
+        ),
+        request("The second one.", "Ryan", 9, 40),
+        request("And the third.", "Vivian", 10, 50),
+    ];
+    let cfg = qtts::engine::EngineConfig {
+        plan: qtts::engine::ThreadPlan::for_cores(2),
+        n_ctx: 256,
+        max_streams: 3,
+        decoder_chunk: 1,
+        ..qtts::engine::EngineConfig::default()
+    };
+    let alone: Vec<Outcome> = {
+        let one = qtts::engine::EngineConfig {
+            max_streams: 1,
+            ..cfg.clone()
+        };
+        let engine = qtts::engine::Engine::load(&common::files(&out), one).unwrap();
+        reqs.iter()
+            .map(|r| outcome(engine.start(r.clone(), Box::new(qtts::audio::MemorySink::default()))))
+            .collect()
+    };
+    let worker = qtts::engine::Worker::load(&common::files(&out), cfg, 4).unwrap();
+    let jobs: Vec<_> = reqs
+        .iter()
+        .map(|r| worker.submit(r.clone()).unwrap())
+        .collect();
+    // Read the last first: the others' queues (16 chunks of one frame) fill meanwhile.
+    let mut got: Vec<Option<(Vec<f32>, qtts::engine::Summary)>> = vec![None, None, None];
+    for (i, job) in jobs.into_iter().enumerate().rev() {
+        let (samples, summary) = job.collect();
+        got[i] = Some((samples, summary.unwrap()));
+    }
+    let mut most = 0;
+    for (i, (a, g)) in alone.iter().zip(got).enumerate() {
+        let (samples, summary) = g.unwrap();
+        most = most.max(summary.metrics.streams.max());
+        let g: Outcome = (summary.codes, samples, summary.stop);
+        assert!(
+            same_bits(a, &g),
+            "request {i}: {} / {} frames, by {}",
+            a.0.len(),
+            g.0.len(),
+            max_abs(&a.1, &g.1)
+        );
+    }
+    eprintln!("at most {most} streams in a step");
+}

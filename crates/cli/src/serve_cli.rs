@@ -18,9 +18,13 @@ pub struct ServeArgs {
     /// The Wyoming address for Home Assistant (`none` to turn it off; port 0: any).
     #[arg(long, default_value = "127.0.0.1:10200")]
     wyoming: String,
-    /// Requests that may wait behind the running one; past it, 503 with Retry-After.
+    /// Requests that may wait behind the running ones; past it, 503 with Retry-After.
     #[arg(long, default_value_t = 4)]
     queue: usize,
+    /// Requests spoken at once (continuous batching: each frame, their steps run as one batch;
+    /// each request's audio is what it gets alone). Default: 1.
+    #[arg(long, default_value_t = 1)]
+    max_streams: usize,
     /// Seconds a request may wait in the queue before it is answered 503.
     #[arg(long, default_value_t = 30.0)]
     queue_timeout: f64,
@@ -146,8 +150,15 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         "--buffer-seconds and --max-audio-seconds must be above 0"
     );
     let model = crate::pick_model(a.model.as_deref(), false)?;
+    anyhow::ensure!(
+        (1..=qtts::code_predictor::MAX_ROWS).contains(&a.max_streams),
+        "--max-streams {}: expected 1 to {}",
+        a.max_streams,
+        qtts::code_predictor::MAX_ROWS
+    );
     let config = EngineConfig {
         plan: ThreadPlan::default_for(a.cores.unwrap_or_else(ThreadPlan::available_cores)),
+        max_streams: a.max_streams,
         ..EngineConfig::default()
     };
     let threads = config.plan.all_cores().len().max(1);

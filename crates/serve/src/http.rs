@@ -662,7 +662,8 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         "status": if svc.is_ready() { "ok" } else if svc.is_draining() { "draining" } else { "starting" },
         "model": svc.model_id,
         "queue": queue,
-        "running": svc.in_flight().saturating_sub(queue).min(1),
+        "running": svc.worker.running(),
+        "max_streams": svc.worker.config().streams(),
     });
     let status = if svc.is_ready() {
         StatusCode::OK

@@ -61,7 +61,7 @@ pub struct ServerMetrics {
     registry: Registry,
     /// Requests answered, by front end, format and status.
     pub requests: Family<RequestLabels, Counter>,
-    /// 1 while a request runs in the engine.
+    /// Requests running in the engine (its busy slots, up to `--max-streams`).
     pub running: Gauge,
     /// Requests in the queue.
     pub waiting: Gauge,
@@ -137,7 +137,7 @@ impl ServerMetrics {
         r.register("requests", "Requests answered", m.requests.clone());
         r.register(
             "requests_running",
-            "Requests running in the engine (0 or 1)",
+            "Requests running in the engine (busy slots, up to --max-streams)",
             m.running.clone(),
         );
         r.register(

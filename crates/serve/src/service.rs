@@ -229,15 +229,14 @@ impl Service {
         let in_flight = self.in_flight();
         self.metrics.waiting.set(waiting as i64);
         self.metrics.in_flight.set(in_flight as i64);
-        self.metrics
-            .running
-            .set(in_flight.saturating_sub(waiting).min(1) as i64);
+        self.metrics.running.set(self.worker.running() as i64);
     }
 
     /// `Retry-After` for a full queue: the queue's expected wait, 1 to 30 s.
     pub fn retry_after(&self) -> u64 {
         let mean = f64::from_bits(self.mean_duration.load(Ordering::Relaxed));
-        let wait = (self.worker.queued() + 1) as f64 * mean;
+        let streams = self.worker.config().streams() as f64;
+        let wait = (self.worker.queued() + 1) as f64 * mean / streams;
         (wait.ceil() as u64).clamp(1, 30)
     }
 

@@ -387,6 +387,38 @@ def test_async_client_two_concurrent_requests_in_fifo_order(server):
     assert late_after == early, f"job {late} ran after job {late_after}, not after job {early}"
 
 
+def test_max_streams_speaks_two_requests_at_once(make_server):
+    s = make_server("--max-streams", "2")
+
+    async def one(c, i, frames, text):
+        async with c.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="vivian", input=text, response_format="pcm",
+                extra_body={"max_new_tokens": frames, "seed": i}) as r:
+            job, after = int(r.headers["x-qtts-job"]), int(r.headers["x-qtts-after-job"])
+            n = 0
+            async for chunk in r.iter_bytes():
+                n += len(chunk)
+                if i == 1 and n >= 1920 * 2:
+                    started.set()
+        return n, job, after
+
+    async def main():
+        c = openai.AsyncOpenAI(base_url=s.base + "/v1", api_key="sk-local", max_retries=0)
+        long = asyncio.create_task(one(c, 1, 600, "A long request, spoken at length. " * 12))
+        await started.wait()
+        # The long request is under way (its first audio is here) and has hundreds of frames to
+        # go: the short one is taken beside it, not after it.
+        short = await one(c, 2, 40, "A short one.")
+        return await long, short
+
+    started = asyncio.Event()
+    (n1, job1, _), (n2, job2, after2) = asyncio.run(main())
+    assert n2 == 40 * 1920 * 2 and n1 > n2
+    assert after2 != job1, f"job {job2} started after job {job1} ended, not beside it"
+    # The engine reports its slots.
+    assert httpx.get(s.base + "/health").json()["max_streams"] == 2
+
+
 def test_slow_reader_is_bounded_then_cancelled(make_server):
     s = make_server("--max-frames", "4000", "--buffer-seconds", "1", "--write-stall-timeout", "1")
     sock = socket.create_connection(("127.0.0.1", int(s.http.rsplit(":", 1)[1])))
