@@ -179,6 +179,15 @@ impl RingSink {
 
 const POLL: Duration = Duration::from_millis(2);
 
+impl RingSink {
+    /// Marks the utterance's end without waiting for it to play out: what is queued plays on.
+    /// (An engine running several streams must not wait in one stream's [`AudioSink::end`]; a
+    /// caller that needs the playout waits on [`Player::shared`]'s `is_idle`.)
+    pub fn end_unwaited(&mut self) {
+        self.shared.end();
+    }
+}
+
 impl AudioSink for RingSink {
     fn begin(&mut self) -> Result<(), AudioError> {
         // A tail of the previous utterance still playing keeps playing; else wait to prebuffer.

@@ -144,6 +144,15 @@ impl CodePredictor {
         Ok(out)
     }
 
+    /// Whether several rows run in one graph ([`CodePredictor::frames`]): every layer product is
+    /// the crate's kernels' (quantized layers under [`LayerKernel::Scalar`] or
+    /// [`LayerKernel::Packed`]), whose result for a row does not depend on the other rows.
+    /// f32 and f16 layers (ggml's products) run a frame at a time.
+    pub fn batches(&self) -> bool {
+        let names = super::product_names(self.geometry.n_layer);
+        qwen3::own_products(self.kernel, &self.weights, names.iter().map(String::as_str))
+    }
+
     /// Builds the caches of rows 1.. and the graphs of `n` rows, where they are not yet.
     fn batch_graphs(&mut self, n: usize) -> Result<(), ModelError> {
         let g = self.geometry;

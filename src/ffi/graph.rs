@@ -136,8 +136,8 @@ impl OwnedGraph {
         Self::build_allocated_nodes(keep, reads, GRAPH_NODES, build)
     }
 
-    /// [`OwnedGraph::build_allocated`] for a graph of up to `nodes` nodes (instead of
-    /// [`GRAPH_NODES`]), with room for four tensors a node.
+    /// [`OwnedGraph::build_allocated`] for a graph of up to `nodes` nodes (instead of 2048), with
+    /// room for four tensors a node.
     pub fn build_allocated_nodes(
         keep: Option<&str>,
         reads: &[&SharedContext],

@@ -27,6 +27,21 @@ use products::{product_by, rust_kernel};
 use crate::ffi::{AttendOne, Context, GgmlError, Tensor};
 use crate::gguf::GgmlType;
 
+/// Whether every product weight of `ctx` among `names` is multiplied by the crate's kernels under
+/// `kernel` (whose result for a row does not depend on the other rows of the product), not by
+/// ggml's `mul_mat` (which may change its algorithm with the number of rows): what a batch of
+/// several streams needs to give each stream its own bits.
+pub(crate) fn own_products<'a>(
+    kernel: LayerKernel,
+    ctx: &Context,
+    names: impl IntoIterator<Item = &'a str>,
+) -> bool {
+    names
+        .into_iter()
+        .filter_map(|n| ctx.get(n))
+        .all(|w| rust_kernel(kernel, w).is_some())
+}
+
 /// The attention geometry of a layer stack.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Dims {

@@ -57,6 +57,8 @@ pub struct Layers {
     /// One context per layer (tensors named as in a layer: `attn_q.weight`, ...), then one for
     /// `output_norm.weight` and the codec head's `output.weight`.
     weights: Vec<SharedContext>,
+    /// Whether every product is the crate's kernels' ([`qwen3::own_products`]).
+    own: bool,
 }
 
 impl Layers {
@@ -181,12 +183,21 @@ impl Layers {
         w.set_name("output.weight");
         f.release("output.weight");
         weights.push(SharedContext::new(top));
+        let products: Vec<&str> = MATRICES
+            .into_iter()
+            .chain(JOINED.iter().map(|(n, _)| *n))
+            .collect();
+        let own = weights[..n_layer]
+            .iter()
+            .all(|c| qwen3::own_products(kernel, c, products.iter().copied()))
+            && qwen3::own_products(kernel, &weights[n_layer], ["output.weight"]);
         Ok(Layers {
             dims,
             n_layer,
             n_embd,
             kernel,
             weights,
+            own,
         })
     }
 
@@ -305,9 +316,10 @@ impl Layers {
 
 impl Layers {
     /// Whether sessions' steps over these layers can run as one [`Batch`]: q8_0 caches attended
-    /// row by row in the crate's own node, whose result does not depend on the other rows.
+    /// row by row in the crate's own node, and every product by the crate's kernels, whose
+    /// results for a row do not depend on the other rows.
     pub(super) fn batches(&self, state: &State<'_>) -> bool {
-        std::ptr::eq(state.layers, self) && state.flash && self.attends_row_itself(1)
+        std::ptr::eq(state.layers, self) && state.flash && self.attends_row_itself(1) && self.own
     }
 
     /// The step graph of one row per cache of `caches` (row `r` at position `in.pos[r]` of

@@ -81,12 +81,16 @@ typedef struct QttsOptions {
   // The engine's plan for that many cores, as on every surface. (Named `threads` in the first
   // header, at the same place.)
   uint32_t cores;
-  // Syntheses that may wait behind the running one before [`QTTS_ERR_BUSY`]; 0: 8 (the
+  // Syntheses that may wait behind the running ones before [`QTTS_ERR_BUSY`]; 0: 8 (the
   // default on every surface).
   uint32_t queue;
   // Where converted checkpoints and the built-in model are kept; NULL: `$XDG_CACHE_HOME/qtts`
   // or `~/.cache/qtts`.
   const char *cache_dir;
+  // Syntheses spoken at once (`qtts serve --max-streams`, Python's `max_streams`): each
+  // frame, their steps run as one batch, and each synthesis's audio is what it gets alone.
+  // 0 or 1: one at a time (callers built against an earlier header get that). At most 16.
+  uint32_t max_streams;
 } QttsOptions;
 
 // A request to [`qtts_synthesize`]; fill with `qtts_request_init` first.

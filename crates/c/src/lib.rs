@@ -104,12 +104,16 @@ pub struct QttsOptions {
     /// The engine's plan for that many cores, as on every surface. (Named `threads` in the first
     /// header, at the same place.)
     pub cores: u32,
-    /// Syntheses that may wait behind the running one before [`QTTS_ERR_BUSY`]; 0: 8 (the
+    /// Syntheses that may wait behind the running ones before [`QTTS_ERR_BUSY`]; 0: 8 (the
     /// default on every surface).
     pub queue: u32,
     /// Where converted checkpoints and the built-in model are kept; NULL: `$XDG_CACHE_HOME/qtts`
     /// or `~/.cache/qtts`.
     pub cache_dir: *const c_char,
+    /// Syntheses spoken at once (`qtts serve --max-streams`, Python's `max_streams`): each
+    /// frame, their steps run as one batch, and each synthesis's audio is what it gets alone.
+    /// 0 or 1: one at a time (callers built against an earlier header get that). At most 16.
+    pub max_streams: u32,
 }
 
 /// A request to [`qtts_synthesize`]; fill with `qtts_request_init` first.
@@ -330,6 +334,7 @@ pub(crate) fn default_options() -> QttsOptions {
         cores: 0,
         queue: 0,
         cache_dir: std::ptr::null(),
+        max_streams: 0,
     }
 }
 
@@ -443,6 +448,14 @@ pub unsafe extern "C" fn qtts_engine_load(
         if o.cores > 0 {
             config.plan = ThreadPlan::default_for(o.cores as usize);
         }
+        let most = qtts::code_predictor::MAX_ROWS;
+        if o.max_streams as usize > most {
+            return Err(invalid(format!(
+                "opts.max_streams: expected 0 to {most}, found {}",
+                o.max_streams
+            )));
+        }
+        config.max_streams = (o.max_streams as usize).max(1);
         let threads = config.plan.all_cores().len().max(1);
         let queue = o.queue as usize;
         let worker =

@@ -200,9 +200,9 @@ fn status_kib(key: &str) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-const MIB: f64 = 1024.0 * 1024.0;
+pub const MIB: f64 = 1024.0 * 1024.0;
 
-fn stage_stats(m: &Metrics) -> Vec<StageStat> {
+pub fn stage_stats(m: &Metrics) -> Vec<StageStat> {
     let ms = |us: u64| us as f64 / 1e3;
     STAGES
         .iter()

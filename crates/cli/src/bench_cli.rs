@@ -40,6 +40,14 @@ pub struct BenchArgs {
     /// (exact), bf16, q8_0; each is measured with each type, interleaved in every round.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     pub decoder: Vec<DecoderArg>,
+    /// Streams at once, comma-separated (continuous batching): each count runs as paced
+    /// listeners started `--stagger-ms` apart, then as the same requests one after the other
+    /// (the baseline); `--frames` is each stream's length.
+    #[arg(long, value_delimiter = ',')]
+    pub streams: Vec<usize>,
+    /// Milliseconds between two streams' starts (`--streams`).
+    #[arg(long, default_value_t = 1000.0)]
+    pub stagger_ms: f64,
     /// Frames per measured run (80 ms each): 750 is 60 s; a longer run is a soak of one-minute
     /// requests spoken one after another (`--request-frames`), reported minute by minute.
     #[arg(long, default_value_t = 750)]
@@ -294,6 +302,14 @@ pub struct RunArgs {
     code_predictor_kernel: CodePredictorKernelArg,
     #[arg(long = "talker-runtime", value_enum, default_value = "auto")]
     talker_runtime: TalkerArg,
+    /// Streams at once (`bench_streams`); 0: one request (`bench::measure_in`).
+    #[arg(long, default_value_t = 0)]
+    streams: usize,
+    #[arg(long, default_value_t = 1000.0)]
+    stagger_ms: f64,
+    /// The streams one after the other on an engine of one stream.
+    #[arg(long)]
+    sequential: bool,
 }
 
 /// `qtts bench-run`.
@@ -312,6 +328,20 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
         talker: a.talker_runtime.runtime(tier),
         ..default
     };
+    if a.streams > 0 {
+        let stagger = std::time::Duration::from_secs_f64(a.stagger_ms.max(0.0) / 1e3);
+        let report = crate::bench_streams::measure(
+            &files,
+            config,
+            a.streams,
+            a.frames,
+            a.prebuffer_ms,
+            stagger,
+            a.sequential,
+        )?;
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
     let report = bench::measure_in(&files, config, a.frames, a.request_frames, a.prebuffer_ms)?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
@@ -357,6 +387,46 @@ impl Config {
 }
 
 fn child(exe: &Path, dir: &Path, c: Config, a: &BenchArgs) -> anyhow::Result<RunReport> {
+    let line = run_child(child_command(exe, dir, c, a), dir, c)?;
+    serde_json::from_str(line.trim()).with_context(|| format!("bench-run printed {line:?}"))
+}
+
+/// A run of `n` streams at once (or one after the other, `sequential`) in a child.
+fn child_streams(
+    exe: &Path,
+    dir: &Path,
+    c: Config,
+    a: &BenchArgs,
+    n: usize,
+    sequential: bool,
+) -> anyhow::Result<crate::bench_streams::StreamsReport> {
+    let mut cmd = child_command(exe, dir, c, a);
+    cmd.arg("--streams").arg(n.to_string());
+    cmd.arg("--stagger-ms").arg(a.stagger_ms.to_string());
+    if sequential {
+        cmd.arg("--sequential");
+    }
+    let line = run_child(cmd, dir, c)?;
+    serde_json::from_str(line.trim()).with_context(|| format!("bench-run printed {line:?}"))
+}
+
+/// Runs a child's command; its one line of JSON.
+fn run_child(mut cmd: Command, dir: &Path, c: Config) -> anyhow::Result<String> {
+    let out = cmd.output().context("starting qtts bench-run")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "qtts bench-run on {} failed ({}): {}",
+        qtts::model::ModelFiles::converted_in(dir, c.ty)
+            .talker
+            .display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The `qtts bench-run` command of configuration `c`.
+fn child_command(exe: &Path, dir: &Path, c: Config, a: &BenchArgs) -> Command {
     let files = qtts::model::ModelFiles::converted_in(dir, c.ty);
     let files = &files;
     let mut cmd = Command::new(exe);
@@ -380,16 +450,7 @@ fn child(exe: &Path, dir: &Path, c: Config, a: &BenchArgs) -> anyhow::Result<Run
         .arg(TalkerArg::of(c.talker).name());
     cmd.arg("--decoder-chunk").arg(c.decoder_chunk.to_string());
     cmd.arg("--kernels").arg(c.tier.name());
-    let out = cmd.output().context("starting qtts bench-run")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "qtts bench-run on {} failed ({}): {}",
-        files.talker.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    let line = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(line.trim()).with_context(|| format!("bench-run printed {line:?}"))
+    cmd
 }
 
 fn reference(
@@ -579,6 +640,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         qtts::kernels::Features::get().names().join(" "),
         if python.is_some() { ", with the reference" } else { "" }
     );
+    if !a.streams.is_empty() {
+        return streams(&exe, &dir, &configs, a);
+    }
     let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); configs.len()];
     let mut refs = Vec::new();
     for round in 0..a.runs {
@@ -646,5 +710,37 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&all)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    Ok(())
+}
+
+/// `qtts bench --streams`: per configuration and round, each stream count at once and then one
+/// at a time (the baseline of the same run), in children.
+fn streams(exe: &Path, dir: &Path, configs: &[Config], a: &BenchArgs) -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    for round in 0..a.runs {
+        for &c in configs {
+            for &n in &a.streams {
+                anyhow::ensure!(
+                    (1..=qtts::code_predictor::MAX_ROWS).contains(&n),
+                    "--streams {n}: expected 1 to {}",
+                    qtts::code_predictor::MAX_ROWS
+                );
+                for sequential in [false, true] {
+                    let r = child_streams(exe, dir, c, a, n, sequential)?;
+                    let rtf = r.each.iter().map(|e| e.rtf).fold(0.0, f64::max);
+                    eprintln!(
+                        "round {round} {:<30} {n} {}: RTF max {rtf:.3}, {:.2} s of audio a second, \
+                         steps by streams {:?}",
+                        c.label(),
+                        if sequential { "one at a time" } else { "at once" },
+                        r.audio_per_wall,
+                        r.batch_sizes
+                    );
+                    rows.push((format!("{} r{round}", c.label()), r));
+                }
+            }
+        }
+    }
+    print!("{}", crate::bench_streams::table(&rows));
     Ok(())
 }

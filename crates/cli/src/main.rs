@@ -14,6 +14,7 @@ use qtts::model::convert::{convert, OutType};
 
 mod bench;
 mod bench_cli;
+mod bench_streams;
 mod cache_cli;
 mod input;
 mod pull_cli;

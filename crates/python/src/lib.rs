@@ -121,12 +121,13 @@ fn next_chunk(py: Python<'_>, job: &mut Job) -> PyResult<Option<Vec<f32>>> {
 
 /// A model loaded on its own thread.
 ///
-/// `Engine(model, *, cores=0, queue=0, cache_dir=None)`: `model` is a directory with a
+/// `Engine(model, *, cores=0, queue=0, cache_dir=None, max_streams=1)`: `model` is a directory with a
 /// converted GGUF pair, a talker GGUF, an official checkpoint directory (converted once into
 /// the cache), or `"builtin"` for the built-in test model (noise, not speech); without one,
 /// `ModelError` says what to give (`qtts pull` fetches a model). `cores`: cores to use (0: all
-/// this process may use). `queue`: syntheses that may wait behind the running one before
-/// `BusyError` (0: 8).
+/// this process may use). `queue`: syntheses that may wait behind the running ones before
+/// `BusyError` (0: 8). `max_streams`: syntheses spoken at once (1 to 16), each frame's steps
+/// run as one batch; each synthesis's audio is what it gets alone.
 #[pyclass(module = "qtts", frozen)]
 struct Engine {
     worker: Mutex<Option<Worker>>,
@@ -229,7 +230,7 @@ impl Engine {
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (model=None, *, cores=0, queue=0, cache_dir=None, threads=None))]
+    #[pyo3(signature = (model=None, *, cores=0, queue=0, cache_dir=None, threads=None, max_streams=1))]
     fn new(
         py: Python<'_>,
         model: Option<PathBuf>,
@@ -237,7 +238,14 @@ impl Engine {
         queue: usize,
         cache_dir: Option<PathBuf>,
         threads: Option<usize>,
+        max_streams: usize,
     ) -> PyResult<Self> {
+        let most = qtts::code_predictor::MAX_ROWS;
+        if !(1..=most).contains(&max_streams) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "max_streams: expected 1 to {most}, found {max_streams}"
+            )));
+        }
         let cores = match threads {
             Some(t) => {
                 PyErr::warn(
@@ -262,6 +270,7 @@ impl Engine {
             if cores > 0 {
                 config.plan = ThreadPlan::default_for(cores);
             }
+            config.max_streams = max_streams;
             let threads = config.plan.all_cores().len().max(1);
             let worker = Worker::load(&found.files, config, queue)?;
             Ok::<_, EngineError>(Engine {

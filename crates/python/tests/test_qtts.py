@@ -365,3 +365,16 @@ def test_the_shared_table(engine):
             ):
                 failures.append(f"{case['name']}: audio equals {case['differs_from']}'s")
     assert not failures, "\n".join(failures)
+
+
+def test_max_streams_runs_syntheses_at_once_each_as_alone(cache, engine):
+    texts = ["The first.", "A second one.", "And a third."]
+    alone = [engine.synthesize(t, seed=3, max_frames=25, min_frames=25) for t in texts]
+    with pytest.raises(ValueError, match="max_streams"):
+        qtts.Engine("builtin", cache_dir=cache, cores=2, max_streams=0)
+    with qtts.Engine("builtin", cache_dir=cache, cores=2, max_streams=3) as e:
+        streams = [e.stream(t, seed=3, max_frames=25, min_frames=25) for t in texts]
+        # Read the last first: the others wait meanwhile, without holding it back.
+        got = [np.concatenate(list(s)) for s in reversed(streams)][::-1]
+    for a, g in zip(alone, got):
+        assert np.array_equal(a, g)
