@@ -19,14 +19,20 @@
 //! - [`Engine::load`] starts the three threads, each of which loads its stage, creates one
 //!   persistent ggml threadpool pinned over its [`StagePlan`]'s cores, and pins itself where ggml
 //!   puts the calling thread. Load errors come back from `load`; nothing runs until then.
-//! - One request at a time: [`Engine::synthesize`] takes `&mut self` and returns a [`Synthesis`],
-//!   whose [`Synthesis::wait`] gives the [`Summary`] and the sink back. [`Canceller::cancel`]
-//!   (from any thread) stops the request between frames: playback is flushed, every stage goes
-//!   idle, and the engine serves the next request.
+//! - [`Engine::synthesize`] takes `&mut self` and returns a [`Synthesis`], whose
+//!   [`Synthesis::wait`] gives the [`Summary`] and the sink back. [`Canceller::cancel`] (from any
+//!   thread) stops the request between frames: playback is flushed, and the engine serves the
+//!   next request.
+//! - Several at once: [`Engine::start`] takes `&self`; up to [`EngineConfig::max_streams`]
+//!   requests run together, each in a slot of its own (talker KV cache, sampler, decoder
+//!   state). Every turn of the talker's thread is one frame of every running stream: their
+//!   code-predictor frames run as one batch, then their talker steps; a request joins at the
+//!   next turn and leaves when it ends, is cancelled or fails, alone. A stream whose sink is full
+//!   ([`AudioSink::is_full`]) is skipped (its samples held) until the sink has room.
 //! - Backpressure, not buffering: every channel is bounded; a sink that does not take audio stops
 //!   the decoder, which stops the code predictor, which stops the talker.
 //! - Determinism: the codes of a request depend only on the request (seed included), never on
-//!   thread timing; the decoder's chunking is fixed ([`EngineConfig::chunk_after`]: 1, 1, 2, then
+//!   thread timing nor on the streams beside it; the decoder's chunking is fixed ([`EngineConfig::chunk_after`]: 1, 1, 2, then
 //!   `decoder_chunk` frames at a time), so
 //!   the samples are too. [`serial::Serial`] computes the same samples on one thread.
 //! - First frame: with [`EngineConfig::burst`], an utterance's first frame runs stage after stage
