@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::config::EngineConfig;
 use super::error::EngineError;
@@ -34,6 +34,8 @@ struct Active {
     done: Sender<Finished>,
     error: Option<EngineError>,
     pending: Vec<[u32; 16]>,
+    /// Whole chunks waiting for their turn at the decoder, in order.
+    due: std::collections::VecDeque<Vec<[u32; 16]>>,
     /// Frames decoded in this utterance (the next chunk's size: `EngineConfig::chunk_after`).
     decoded: usize,
     summary: Summary,
@@ -46,6 +48,8 @@ struct Active {
     held: Vec<f32>,
     /// The request's end, kept until its held samples are written.
     end: Option<Box<EndMsg>>,
+    /// When its first sample was written.
+    first_audio: Option<Instant>,
 }
 
 /// The decoder and which slot's stream it holds: each request's stream state (conv histories,
@@ -79,14 +83,11 @@ impl Streams {
         Ok(())
     }
 
-    /// Slot `slot`'s pending frames decoded and written (its stream loaded first).
-    fn decode(&mut self, slot: usize, pool: &Threadpool, loan: Option<&CoreLoan>, pcm: &mut [f32]) {
-        let Some(a) = self.active[slot].as_ref() else {
+    /// Slot `slot`'s next due chunk decoded and written (its stream loaded first).
+    fn decode(&mut self, slot: usize, (pool, loan): On<'_>, pcm: &mut [f32]) {
+        let Some(chunk) = self.active[slot].as_mut().and_then(|a| a.due.pop_front()) else {
             return;
         };
-        if a.pending.is_empty() {
-            return;
-        }
         let switched = self.switch(slot);
         let Some(a) = self.active[slot].as_mut() else {
             return;
@@ -94,7 +95,15 @@ impl Streams {
         if let Err(e) = switched {
             a.error.get_or_insert(e);
         }
-        decode_pending(&mut self.voc, pool, loan, a, pcm, &self.behind[slot]);
+        decode_pending(
+            &mut self.voc,
+            pool,
+            loan,
+            a,
+            &chunk,
+            pcm,
+            &self.behind[slot],
+        );
     }
 
     /// Writes the held samples of every stream whose sink takes them now, and ends the requests
@@ -213,11 +222,62 @@ pub(super) fn run(
                 Err(_) => return,
             }
         };
-        let waited = t.elapsed();
-        let Some(msg) = msg else {
-            st.flush();
-            continue;
-        };
+        let mut waited = t.elapsed();
+        let mut next = msg;
+        // Every message there is, then the most urgent stream's next chunk, then again: a
+        // stream that has played least of its audio (a joining one: none) is decoded first.
+        loop {
+            if let Some(msg) = next.take() {
+                let first = matches!(msg, DecoderMsg::FirstFrame(..));
+                let slot = st.handle(msg, waited, &mut primed, (&pool, loan), &mut pcm, &cfg);
+                waited = std::time::Duration::ZERO;
+                if first {
+                    // With the burst, an utterance's first frame is decoded on every core at
+                    // once while the code predictor waits; it then waits for this.
+                    if let (Some(slot), Some(b)) = (slot, &burst) {
+                        st.drain(slot, (b, loan), &mut pcm);
+                    }
+                    if first_done.send(()).is_err() {
+                        return;
+                    }
+                }
+                match rx.try_recv() {
+                    Ok(m) => {
+                        next = Some(m);
+                        continue;
+                    }
+                    Err(TryRecvError::Empty) => {}
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            match st.most_urgent() {
+                Some(slot) => st.decode(slot, (&pool, loan), &mut pcm),
+                None => break,
+            }
+            match rx.try_recv() {
+                Ok(m) => next = Some(m),
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => return,
+            }
+        }
+        st.flush();
+    }
+}
+
+/// A pool and the core loan its compute claims from.
+type On<'a> = (&'a Threadpool, Option<&'a CoreLoan>);
+
+impl Streams {
+    /// Applies one message; returns the slot of a frame it took.
+    fn handle(
+        &mut self,
+        msg: DecoderMsg,
+        waited: std::time::Duration,
+        primed: &mut super::prime::PrimeCache,
+        on: On<'_>,
+        pcm: &mut [f32],
+        cfg: &EngineConfig,
+    ) -> Option<usize> {
         match msg {
             DecoderMsg::Begin {
                 slot,
@@ -228,7 +288,7 @@ pub(super) fn run(
                 done,
             } => {
                 let error = sink.begin().err().map(EngineError::from);
-                if let Some(a) = st.active.get_mut(slot) {
+                if let Some(a) = self.active.get_mut(slot) {
                     *a = Some(Active {
                         sink,
                         cancel,
@@ -236,7 +296,8 @@ pub(super) fn run(
                         keep_codes,
                         done,
                         error,
-                        pending: Vec::with_capacity(chunk),
+                        pending: Vec::new(),
+                        due: std::collections::VecDeque::new(),
                         decoded: 0,
                         summary: Summary::empty(),
                         metrics: Metrics::default(),
@@ -244,23 +305,27 @@ pub(super) fn run(
                         non_finite: 0,
                         held: Vec::new(),
                         end: None,
+                        first_audio: None,
                     });
                 }
+                None
             }
             DecoderMsg::SegmentStart(slot, reference) => {
-                if st.active.get(slot).is_some_and(Option::is_some) {
+                if self.active.get(slot).is_some_and(Option::is_some) {
+                    // The previous utterance's chunks first.
+                    self.drain(slot, on, pcm);
                     // The stream starts over: what the decoder holds is saved (another
                     // slot's) or dropped (this one's).
-                    if st.loaded == Some(slot) {
-                        if let Some(a) = st.active[slot].as_mut() {
-                            a.non_finite += st.voc.non_finite();
+                    if self.loaded == Some(slot) {
+                        if let Some(a) = self.active[slot].as_mut() {
+                            a.non_finite += self.voc.non_finite();
                         }
                     } else {
-                        let _ = st.switch(slot);
+                        let _ = self.switch(slot);
                     }
-                    let started = primed.start(&mut st.voc, &pool, reference.as_ref());
-                    st.loaded = Some(slot);
-                    if let Some(a) = st.active[slot].as_mut() {
+                    let started = primed.start(&mut self.voc, on.0, reference.as_ref());
+                    self.loaded = Some(slot);
+                    if let Some(a) = self.active[slot].as_mut() {
                         if let Err(e) = started {
                             a.error.get_or_insert(e);
                         }
@@ -269,54 +334,79 @@ pub(super) fn run(
                         a.decoded = 0;
                     }
                 }
+                None
             }
             DecoderMsg::Frame(slot, codes) | DecoderMsg::FirstFrame(slot, codes) => {
-                let first = matches!(msg, DecoderMsg::FirstFrame(..));
-                let mut due = false;
-                if let Some(Some(a)) = st.active.get_mut(slot) {
-                    record(&mut a.metrics.decoder_wait, waited);
-                    a.summary.frames += 1;
-                    if a.keep_codes {
-                        a.summary.codes.push(codes);
-                    }
-                    a.pending.push(codes);
-                    due = a.pending.len() >= cfg.chunk_after(a.decoded);
-                    if due {
-                        a.decoded += a.pending.len();
-                    }
+                let a = self.active.get_mut(slot)?.as_mut()?;
+                record(&mut a.metrics.decoder_wait, waited);
+                a.summary.frames += 1;
+                if a.keep_codes {
+                    a.summary.codes.push(codes);
                 }
-                if due {
-                    let on = match (&burst, first) {
-                        (Some(b), true) => b,
-                        _ => &pool,
-                    };
-                    st.decode(slot, on, loan, &mut pcm);
+                a.pending.push(codes);
+                if a.pending.len() >= cfg.chunk_after(a.decoded) {
+                    a.decoded += a.pending.len();
+                    let chunk = std::mem::take(&mut a.pending);
+                    a.due.push_back(chunk);
                 }
-                // The code predictor waits for this, whatever became of the frame.
-                if first && first_done.send(()).is_err() {
-                    return;
-                }
+                Some(slot)
             }
             DecoderMsg::SegmentEnd(slot) => {
-                if st.active.get(slot).is_some_and(Option::is_some) {
-                    st.decode(slot, &pool, loan, &mut pcm);
+                if let Some(Some(a)) = self.active.get_mut(slot) {
+                    if !a.pending.is_empty() {
+                        let chunk = std::mem::take(&mut a.pending);
+                        a.due.push_back(chunk);
+                    }
+                    self.drain(slot, on, pcm);
                 }
+                None
             }
             DecoderMsg::End(slot, end) => {
-                if let Some(Some(a)) = st.active.get_mut(slot) {
+                self.drain(slot, on, pcm);
+                if let Some(Some(a)) = self.active.get_mut(slot) {
                     a.end = Some(end);
                     // A cancelled request's held samples are dropped.
                     if a.cancel.load(Ordering::Acquire) {
                         a.held.clear();
                     }
                     if a.held.is_empty() {
-                        st.finish(slot);
+                        self.finish(slot);
                     }
                 }
+                None
             }
         }
-        if st.holding() {
-            st.flush();
+    }
+
+    /// The stream with a chunk to decode that has the least audio ahead of its listener (the
+    /// samples written less the time since its first one, as a listener that plays from its
+    /// first sample hears them); one with no audio yet comes first. Streams whose sink is full
+    /// wait.
+    fn most_urgent(&self) -> Option<usize> {
+        let now = Instant::now();
+        let ahead = |a: &Active| match a.first_audio {
+            None => f64::NEG_INFINITY,
+            Some(t) => {
+                a.summary.samples as f64 / crate::audio::SAMPLE_RATE as f64
+                    - now.duration_since(t).as_secs_f64()
+            }
+        };
+        self.active
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.as_ref().map(|a| (i, a)))
+            .filter(|(_, a)| !a.due.is_empty() && a.held.is_empty())
+            .min_by(|(_, a), (_, b)| ahead(a).total_cmp(&ahead(b)))
+            .map(|(i, _)| i)
+    }
+
+    /// Decodes every chunk slot `slot` has due, in order.
+    fn drain(&mut self, slot: usize, on: On<'_>, pcm: &mut [f32]) {
+        while self.active[slot]
+            .as_ref()
+            .is_some_and(|a| !a.due.is_empty())
+        {
+            self.decode(slot, on, pcm);
         }
     }
 }
@@ -326,11 +416,12 @@ fn decode_pending(
     pool: &Threadpool,
     loan: Option<&CoreLoan>,
     a: &mut Active,
+    chunk: &[[u32; 16]],
     pcm: &mut [f32],
     behind: &AtomicBool,
 ) {
-    if a.error.is_none() && !a.cancel.load(Ordering::Acquire) && !a.pending.is_empty() {
-        match decode_frames(voc, pool, loan, &a.pending, pcm, &mut a.metrics) {
+    if a.error.is_none() && !a.cancel.load(Ordering::Acquire) && !chunk.is_empty() {
+        match decode_frames(voc, pool, loan, chunk, pcm, &mut a.metrics) {
             Ok(n) => {
                 a.held.extend_from_slice(&pcm[..n]);
                 deliver(a, behind);
@@ -340,7 +431,6 @@ fn decode_pending(
             }
         }
     }
-    a.pending.clear();
 }
 
 /// Writes a stream's held samples to its sink when the sink takes them without waiting; else
@@ -359,6 +449,7 @@ fn deliver(a: &mut Active, behind: &AtomicBool) {
         }
     }
     a.summary.ttfa.get_or_insert_with(|| a.started.elapsed());
+    a.first_audio.get_or_insert_with(Instant::now);
     a.summary.samples += a.held.len();
     if let Some(q) = a.sink.queued_ms() {
         let _ = a.metrics.ring_fill.record((q.round() as u64).max(1));
