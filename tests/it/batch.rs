@@ -478,3 +478,65 @@ fn a_worker_runs_streams_at_once_and_a_slow_reader_holds_back_only_its_own() {
     }
     eprintln!("at most {most} streams in a step");
 }
+
+/// Cloned voices beside each other and beside an x-vector-only voice, on a Base model: each
+/// stream's decoder is primed with its own reference (the primed snapshot shared, each stream's
+/// state its own), and each request's codes and samples are those it gets alone.
+#[test]
+fn cloned_voices_at_once_are_each_what_they_are_alone() {
+    use qtts::talker::IclReference;
+    let (_tmp, out) = common::convert_tiny("voice", OutType::F32);
+    let mm = qtts::gguf::GgufFile::open(&out.mmproj).unwrap();
+    let mut reqs = Vec::new();
+    for (run, mode, reference) in [
+        ("icl_stream", TextMode::Streaming, true),
+        ("icl_nonstream", TextMode::NonStreaming, true),
+        ("icl_stream", TextMode::Streaming, false),
+    ] {
+        let o = common::oracle(&common::fixture("voice").join(format!("oracle/{run}.safetensors")));
+        let codes = common::frames16(&o["ref_code"]);
+        let embedded = qtts::voice::clone::embed_frames(&mm, &codes).unwrap();
+        let mut req = qtts::engine::Request::text("").greedy();
+        req.input = TextInput::TokenIds(o["input_ids"].iter().map(|&x| x as u32).collect());
+        req.voice = Voice {
+            language: Some("english".into()),
+            xvector: Some(o["xvector"].clone()),
+            reference: reference.then(|| {
+                std::sync::Arc::new(IclReference {
+                    text: TextInput::TokenIds(o["ref_ids"].iter().map(|&x| x as u32).collect()),
+                    codes,
+                    embedded,
+                })
+            }),
+            ..Voice::default()
+        };
+        req.mode = mode;
+        req.max_frames = Some(o["codes"].len() / 16 + 6);
+        req.keep_codes = true;
+        reqs.push(req);
+    }
+    let cfg = qtts::engine::EngineConfig {
+        max_streams: 3,
+        ..common::config()
+    };
+    let engine = qtts::engine::Engine::load(&common::files(&out), cfg).unwrap();
+    let sink = || Box::new(qtts::audio::MemorySink::default());
+    let alone: Vec<Outcome> = reqs
+        .iter()
+        .map(|r| outcome(engine.start(r.clone(), sink())))
+        .collect();
+    let a = engine.start(reqs[0].clone(), sink());
+    after_frames(&a, 2);
+    let b = engine.start(reqs[1].clone(), sink());
+    let c = engine.start(reqs[2].clone(), sink());
+    let got = [outcome(a), outcome(b), outcome(c)];
+    for (i, (x, y)) in alone.iter().zip(&got).enumerate() {
+        assert!(
+            same_bits(x, y),
+            "request {i}: {} / {} frames, by {}",
+            x.0.len(),
+            y.0.len(),
+            max_abs(&x.1, &y.1)
+        );
+    }
+}
