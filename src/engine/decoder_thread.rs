@@ -60,6 +60,9 @@ struct Streams {
     loaded: Option<usize>,
     /// Per slot: its sink is full and samples wait (the talker skips the slot meanwhile).
     behind: Behind,
+    /// Requests whose end came while their sink was full: only their held samples are left to
+    /// write; their slots are free for the next requests.
+    finishing: Vec<Active>,
 }
 
 impl Streams {
@@ -125,55 +128,28 @@ impl Streams {
 
     /// Whether a stream holds samples its sink has not taken.
     fn holding(&self) -> bool {
-        self.active.iter().flatten().any(|a| !a.held.is_empty())
+        !self.finishing.is_empty() || self.active.iter().flatten().any(|a| !a.held.is_empty())
     }
 
-    /// Slot `slot`'s request is over (its end came, and its samples are written unless it was
-    /// cancelled): the sink's end, then the answer.
+    /// Slot `slot`'s request is over (its end came): the slot is free; the request is answered
+    /// once its held samples are written (at once when none are, or when it was cancelled).
     fn finish(&mut self, slot: usize) {
         let Some(mut a) = self.active.get_mut(slot).and_then(Option::take) else {
             return;
         };
         self.behind[slot].store(false, Ordering::Release);
-        let Some(end) = a.end.take() else { return };
         if self.loaded == Some(slot) {
             a.non_finite += self.voc.non_finite();
             self.loaded = None;
         }
-        a.summary.generated = a.started.elapsed();
-        let cancelled = a.cancel.load(Ordering::Acquire);
-        if let Err(e) = a.sink.end(&a.cancel) {
-            if !cancelled {
-                a.error.get_or_insert(e.into());
-            }
+        if a.cancel.load(Ordering::Acquire) {
+            a.held.clear();
         }
-        let EndMsg {
-            result,
-            segments,
-            metrics: mut m,
-            text_starved,
-        } = *end;
-        m.merge(&a.metrics);
-        let mut s = a.summary;
-        s.elapsed = a.started.elapsed();
-        s.non_finite = a.non_finite;
-        s.stop = if cancelled {
-            StopReason::Cancelled
+        if a.held.is_empty() {
+            complete(a);
         } else {
-            segments
-                .last()
-                .map(|r| r.stop)
-                .unwrap_or(StopReason::Cancelled)
-        };
-        s.segments = segments;
-        s.metrics = m;
-        s.text_starved_frames = text_starved;
-        let result = match (result, a.error) {
-            (Err(e), _) => Err(e),
-            (Ok(()), Some(e)) => Err(e),
-            (Ok(()), None) => Ok(s),
-        };
-        let _ = a.done.send((result, a.sink));
+            self.finishing.push(a);
+        }
     }
 }
 
@@ -205,6 +181,7 @@ pub(super) fn run(
         active: (0..cfg.streams()).map(|_| None).collect(),
         loaded: None,
         behind,
+        finishing: Vec::new(),
     };
     let mut primed = super::prime::PrimeCache::default();
     let loan = loan.as_deref();
@@ -262,6 +239,45 @@ pub(super) fn run(
         }
         st.flush();
     }
+}
+
+/// A request's end: the sink's end, then the answer.
+fn complete(mut a: Active) {
+    let Some(end) = a.end.take() else { return };
+    a.summary.generated = a.started.elapsed();
+    let cancelled = a.cancel.load(Ordering::Acquire);
+    if let Err(e) = a.sink.end(&a.cancel) {
+        if !cancelled {
+            a.error.get_or_insert(e.into());
+        }
+    }
+    let EndMsg {
+        result,
+        segments,
+        metrics: mut m,
+        text_starved,
+    } = *end;
+    m.merge(&a.metrics);
+    let mut s = a.summary;
+    s.elapsed = a.started.elapsed();
+    s.non_finite = a.non_finite;
+    s.stop = if cancelled {
+        StopReason::Cancelled
+    } else {
+        segments
+            .last()
+            .map(|r| r.stop)
+            .unwrap_or(StopReason::Cancelled)
+    };
+    s.segments = segments;
+    s.metrics = m;
+    s.text_starved_frames = text_starved;
+    let result = match (result, a.error) {
+        (Err(e), _) => Err(e),
+        (Ok(()), Some(e)) => Err(e),
+        (Ok(()), None) => Ok(s),
+    };
+    let _ = a.done.send((result, a.sink));
 }
 
 /// A pool and the core loan its compute claims from.
@@ -365,13 +381,7 @@ impl Streams {
                 self.drain(slot, on, pcm);
                 if let Some(Some(a)) = self.active.get_mut(slot) {
                     a.end = Some(end);
-                    // A cancelled request's held samples are dropped.
-                    if a.cancel.load(Ordering::Acquire) {
-                        a.held.clear();
-                    }
-                    if a.held.is_empty() {
-                        self.finish(slot);
-                    }
+                    self.finish(slot);
                 }
                 None
             }

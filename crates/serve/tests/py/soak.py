@@ -138,7 +138,17 @@ def run(server, seconds):
     for _ in range(4):
         httpx.post(server.base + "/v1/audio/speech", json=HONEST, timeout=60,
                    headers={"authorization": f"Bearer {KEY}"}).raise_for_status()
-    rss0, threads0 = server.rss_kib(), server.threads()
+    # Idle first: the last request's pump thread is gone (the client may have its last byte
+    # before the pump has ended), and the count has stopped moving.
+    server.wait_idle(timeout=60)
+    threads0 = server.threads()
+    t_stable = time.monotonic()
+    while time.monotonic() - t_stable < 0.5:
+        time.sleep(0.05)
+        n = server.threads()
+        if n != threads0:
+            threads0, t_stable = n, time.monotonic()
+    rss0 = server.rss_kib()
     stop = threading.Event()
     plan = [(stalled, 32), (trickled, 4), (wrong_key, 8), (oversized, 2), (deaf_wyoming, 8)]
     workers = [threading.Thread(target=_loop, args=(stop, lambda f=f: f(server, stop)), daemon=True)
