@@ -8,11 +8,10 @@
 //! gives it alone, to the bit: the crate's kernels compute each row of a product on its own,
 //! and a row's attention is the single frame's on views of its rows (`qwen3::layer_groups`).
 
-use super::graph::NAMES;
+use super::graph::{head_logits, step_bytes, NAMES};
 use super::{CodePredictor, Geometry, POSITIONS};
 use crate::error::ModelError;
 use crate::ffi::{Context, GgmlError, OwnedGraph, SharedContext, Threadpool};
-use crate::kernels::quant::{self, QType};
 use crate::qwen3::{self, layer_product, LayerKernel};
 
 /// The most streams one batched frame takes.
@@ -214,15 +213,7 @@ fn build_batch_step(
     let (t_len, p0) = if step == 0 { (2, 0) } else { (1, step + 1) };
     let rows = n * t_len;
     let n_kv = p0 + t_len;
-    let mem = 2 * 1024 * 1024
-        + g.n_layer
-            * 4
-            * rows
-            * (12 * g.n_embd
-                + 4 * g.n_ff
-                + 3 * g.n_head * n_kv
-                + 2 * g.head_dim * g.n_head_kv * n_kv)
-        + 4 * (g.n_talker * 3 + g.n_codes) * rows * (step + 2)
+    let mem = step_bytes(g, rows, n_kv, step)
         // The groups' outputs joined row after row, and each group's views.
         + g.n_layer * 4 * (n * n * g.head_dim * g.n_head + rows * 4 * 1024);
     fn get<'c>(ctx: &'c SharedContext, name: &str) -> Result<crate::ffi::Tensor<'c>, GgmlError> {
@@ -274,13 +265,7 @@ fn build_batch_step(
         } else {
             None
         };
-        let dims = qwen3::Dims {
-            n_head: g.n_head,
-            n_head_kv: g.n_head_kv,
-            head_dim: g.head_dim,
-            eps: g.eps,
-            theta: g.theta,
-        };
+        let dims = g.dims();
         let mut outs = Vec::new();
         for l in 0..g.n_layer {
             let p = |name: &str| get(w, &format!("a.gen.code.blk.{l}.{name}"));
@@ -310,20 +295,7 @@ fn build_batch_step(
         let last = c.cont(last)?.set_name("out.last");
         outs.push(last);
         if let Some(h) = heads {
-            let head = h.get(&format!("head.{step}")).ok_or(GgmlError::Shape {
-                what: "sample head",
-                expected: format!("head.{step}"),
-                found: "none".into(),
-            })?;
-            let kernel = quant::packed_kernel(QType::Q8_0, crate::kernels::caps()).ok_or(
-                GgmlError::Shape {
-                    what: "packed sample heads",
-                    expected: "a kernel tier with a packed q8_0 kernel".into(),
-                    found: crate::kernels::active().to_string(),
-                },
-            )?;
-            let logits = c.map_mat_in::<{ quant::GROUP }>(head, last, kernel)?;
-            outs.push(logits.set_name("out.logits"));
+            outs.push(head_logits(c, h, step, last)?);
         }
         Ok(outs.into_iter().map(|t| t.node()).collect())
     })

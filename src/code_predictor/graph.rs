@@ -5,7 +5,7 @@ use super::heads::Heads;
 use super::Geometry;
 use super::POSITIONS;
 use crate::error::ModelError;
-use crate::ffi::{GgmlError, OwnedGraph, SharedContext};
+use crate::ffi::{Context, GgmlError, OwnedGraph, SharedContext, Tensor};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernels::dot::Kernel;
 use crate::kernels::quant::{self, QType};
@@ -74,15 +74,7 @@ pub(super) fn build_step(
         (true, _) => (1, step + 1),
     };
     let n_kv = p0 + t_len;
-    let mem = 2 * 1024 * 1024
-        + g.n_layer
-            * 4
-            * t_len
-            * (12 * g.n_embd
-                + 4 * g.n_ff
-                + 3 * g.n_head * n_kv
-                + 2 * g.head_dim * g.n_head_kv * n_kv)
-        + 4 * (g.n_talker * 3 + g.n_codes) * t_len * (step + 2);
+    let mem = step_bytes(g, t_len, n_kv, step);
     let get = |n: &str| {
         w.get(n).ok_or(GgmlError::Shape {
             what: "weight",
@@ -133,13 +125,7 @@ pub(super) fn build_step(
                 None
             };
             let mut outs = Vec::new();
-            let dims = qwen3::Dims {
-                n_head: g.n_head,
-                n_head_kv: g.n_head_kv,
-                head_dim: g.head_dim,
-                eps: g.eps,
-                theta: g.theta,
-            };
+            let dims = g.dims();
             for l in 0..g.n_layer {
                 let p = |n: &str| get(&format!("a.gen.code.blk.{l}.{n}"));
                 let kv = if cached {
@@ -164,24 +150,61 @@ pub(super) fn build_step(
             // The step's sample head as the graph's last node, on the pool's threads
             // (`CodePredictor::pack_heads`).
             if let Some(h) = heads.filter(|_| cached) {
-                let head = h.get(&format!("head.{step}")).ok_or(GgmlError::Shape {
-                    what: "sample head",
-                    expected: format!("head.{step}"),
-                    found: "none".into(),
-                })?;
-                // Packed heads exist only where the tier has the kernel (`Heads::to_packed`).
-                let kernel = quant::packed_kernel(QType::Q8_0, crate::kernels::caps()).ok_or(
-                    GgmlError::Shape {
-                        what: "packed sample heads",
-                        expected: "a kernel tier with a packed q8_0 kernel".into(),
-                        found: crate::kernels::active().to_string(),
-                    },
-                )?;
-                let logits = c.map_mat_in::<{ quant::GROUP }>(head, last, kernel)?;
-                outs.push(logits.set_name("out.logits"));
+                outs.push(head_logits(c, h, step, last)?);
             }
             Ok(outs.into_iter().map(|t| t.node()).collect())
         })
+    }
+}
+
+/// Bytes of a sub-step graph's context: `rows` rows attending `n_kv` positions at step `step`
+/// (weights and caches live elsewhere).
+pub(super) fn step_bytes(g: &Geometry, rows: usize, n_kv: usize, step: usize) -> usize {
+    2 * 1024 * 1024
+        + g.n_layer
+            * 4
+            * rows
+            * (12 * g.n_embd
+                + 4 * g.n_ff
+                + 3 * g.n_head * n_kv
+                + 2 * g.head_dim * g.n_head_kv * n_kv)
+        + 4 * (g.n_talker * 3 + g.n_codes) * rows * (step + 2)
+}
+
+/// Step `step`'s packed sample head times `last` (`[n_embd, rows]`), as a graph node named
+/// `out.logits`: `[n_codes, rows]`.
+pub(super) fn head_logits<'a>(
+    c: &'a Context,
+    heads: &'a SharedContext,
+    step: usize,
+    last: Tensor<'a>,
+) -> Result<Tensor<'a>, GgmlError> {
+    let head = heads.get(&format!("head.{step}")).ok_or(GgmlError::Shape {
+        what: "sample head",
+        expected: format!("head.{step}"),
+        found: "none".into(),
+    })?;
+    // Packed heads exist only where the tier has the kernel (`Heads::to_packed`).
+    let kernel =
+        quant::packed_kernel(QType::Q8_0, crate::kernels::caps()).ok_or(GgmlError::Shape {
+            what: "packed sample heads",
+            expected: "a kernel tier with a packed q8_0 kernel".into(),
+            found: crate::kernels::active().to_string(),
+        })?;
+    Ok(c.map_mat_in::<{ quant::GROUP }>(head, last, kernel)?
+        .set_name("out.logits"))
+}
+
+impl Geometry {
+    /// The attention geometry of the layers.
+    pub(super) fn dims(&self) -> qwen3::Dims {
+        qwen3::Dims {
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            head_dim: self.head_dim,
+            eps: self.eps,
+            theta: self.theta,
+        }
     }
 }
 

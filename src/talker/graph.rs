@@ -302,14 +302,7 @@ impl Layers {
         } else {
             x
         };
-        let top = &self.weights[self.n_layer];
-        let hidden = c
-            .mul(c.rms_norm(last, d.eps)?, get(top, "output_norm.weight")?)?
-            .set_name("out.hidden");
-        let logits = layer_product(c, get(top, "output.weight")?, hidden, self.kernel)?
-            .set_name("out.logits");
-        outs.push(hidden);
-        outs.push(logits);
+        self.output(c, last, &mut outs)?;
         Ok(outs)
     }
 }
@@ -359,14 +352,7 @@ impl Layers {
             }
             x = qwen3::layer_groups(c, &w, NAMES, d, x, pos, &groups, self.kernel, &mut outs)?;
         }
-        let top = &self.weights[self.n_layer];
-        let hidden = c
-            .mul(c.rms_norm(x, d.eps)?, get(top, "output_norm.weight")?)?
-            .set_name("out.hidden");
-        let logits = layer_product(c, get(top, "output.weight")?, hidden, self.kernel)?
-            .set_name("out.logits");
-        outs.push(hidden);
-        outs.push(logits);
+        self.output(c, x, &mut outs)?;
         Ok(outs)
     }
 }
@@ -457,6 +443,37 @@ impl Batch {
     /// Drops the graph (and its hold on the caches it was built for).
     pub fn clear(&mut self) {
         self.graph = None;
+    }
+}
+
+impl Layers {
+    /// The final norm of `x`'s rows (`out.hidden`) and their codec logits (`out.logits`), pushed
+    /// to `outs` in that order.
+    fn output<'a>(
+        &'a self,
+        c: &'a Context,
+        x: Tensor<'a>,
+        outs: &mut Vec<Tensor<'a>>,
+    ) -> Result<(), GgmlError> {
+        let top = &self.weights[self.n_layer];
+        let get = |n: &str| top.get(n).ok_or_else(|| port_of("talker tensor", n));
+        let hidden = c
+            .mul(c.rms_norm(x, self.dims.eps)?, get("output_norm.weight")?)?
+            .set_name("out.hidden");
+        let logits =
+            layer_product(c, get("output.weight")?, hidden, self.kernel)?.set_name("out.logits");
+        outs.push(hidden);
+        outs.push(logits);
+        Ok(())
+    }
+}
+
+/// A tensor `name` missing where `what` should have it.
+fn port_of(what: &'static str, name: &str) -> GgmlError {
+    GgmlError::Shape {
+        what,
+        expected: name.to_owned(),
+        found: "none".into(),
     }
 }
 
