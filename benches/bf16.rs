@@ -13,6 +13,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use qtts::kernels::bf16::{self, Kernel};
+use qtts::kernels::int8::{self, Kernel as Int8Kernel};
 use qtts::kernels::panel::{self, Kernel as PanelKernel};
 
 /// `(c_in, taps, dilation, t_out, n)` of one product.
@@ -48,6 +49,15 @@ fn bench(c: &mut Criterion) {
         .filter(|k| {
             if !k.available() {
                 eprintln!("panel: kernel {k:?} skipped, this CPU lacks its instructions");
+            }
+            k.available()
+        })
+        .collect();
+    let int8s: Vec<Int8Kernel> = [Int8Kernel::Avx512Vnni, Int8Kernel::AvxVnni]
+        .into_iter()
+        .filter(|k| {
+            if !k.available() {
+                eprintln!("int8: kernel {k:?} skipped, this CPU lacks its instructions");
             }
             k.available()
         })
@@ -123,6 +133,31 @@ fn bench(c: &mut Criterion) {
                             y.as_mut_ptr(),
                             ps,
                             (0, panel::blocks(t_out, n)),
+                            |_, _| {},
+                        )
+                    };
+                    std::hint::black_box(&y);
+                })
+            });
+        }
+        // The 8-bit products (`qtts::kernels::int8`), the input rows' rounding included.
+        let w8 = int8::pack(&w, taps, c_in, n).expect("the shapes fit the 8-bit packing");
+        let mut b8 = vec![0u8; w8.len() + int8::LINE];
+        let line = (b8.as_ptr() as usize).next_multiple_of(int8::LINE) - b8.as_ptr() as usize;
+        b8[line..line + w8.len()].copy_from_slice(&w8);
+        for &kernel in &int8s {
+            g.bench_function(format!("int8 {kernel:?}"), |b| {
+                b.iter(|| {
+                    // SAFETY: the kernel is available (filtered above); `b8` holds the packed
+                    // kernel on a cache line, `x` the input rows, `y` room for the output.
+                    unsafe {
+                        int8::conv(
+                            kernel,
+                            b8[line..].as_ptr(),
+                            x.as_ptr(),
+                            y.as_mut_ptr(),
+                            ps,
+                            (0, int8::blocks(t_out, n)),
                             |_, _| {},
                         )
                     };

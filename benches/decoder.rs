@@ -1,6 +1,7 @@
 //! The streaming decoder on the full-size geometry: ms per frame when fed 1, 2 and 4 frames per call,
 //! on 1 and 2 threads, with ggml's f32 products (the in-run baseline), the host products
-//! (`Context::conv_gemm`, the default) from f32 and f16 files, and every matrix as q8_0 at load.
+//! (`Context::conv_gemm`, the default) from f32 and f16 files, every matrix as q8_0 at load, and
+//! the residual units' k = 7 convs in 8 bits (`Products::HostInt8`).
 //! The decoder's ≈ 5 GFLOP per frame (MODEL-NOTES.md §7) gives GFLOP/s. Then the fused SnakeBeta
 //! against the five ggml ops it replaced (`snakebeta` group), host f32 and q8_0 matrices, 1
 //! thread, 1 frame per call. Then SnakeBeta's row kernels alone (`snakebeta rows` group).
@@ -62,7 +63,12 @@ fn bench(c: &mut Criterion) {
             Some(Bf16::Avx512),
         ),
         ("ggml q8_0", OutType::F32, true, Products::Ggml, None),
+        ("host int8", OutType::F32, false, Products::HostInt8, None),
     ] {
+        if products == Products::HostInt8 && qtts::kernels::int8::Kernel::active().is_none() {
+            eprintln!("{label}: skipped, this CPU or tier lacks AVX-512 VNNI and AVX-VNNI");
+            continue;
+        }
         if bf16.is_some_and(|k: Bf16| !k.available()) {
             eprintln!("{label}: skipped, this CPU lacks the instructions");
             continue;

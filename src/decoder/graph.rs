@@ -117,7 +117,8 @@ impl<'a> Builder<'a> {
     }
 
     /// The conv of `x` by a weight matrix stored for the host ([`Context::conv_gemm_then`]): by
-    /// [`Context::conv_gemm_panel`] when it is in panels ([`Builder::panel`]), else by
+    /// [`Context::conv_gemm_panel`] when it is in panels ([`Builder::panel`]), by
+    /// [`Context::conv_gemm_int8`] when it is 8-bit (`i8`), else by
     /// [`Context::conv_gemm_by`] with the decoder's bf16 kernel (which ignores an f32 matrix).
     pub(super) fn host_product(
         &self,
@@ -129,6 +130,9 @@ impl<'a> Builder<'a> {
     ) -> Result<Tensor<'a>, GgmlError> {
         if self.panel(w) {
             return self.c.conv_gemm_panel(w, x, k, d, bias, residual);
+        }
+        if w.is_type(GgmlType::I8) {
+            return self.c.conv_gemm_int8(w, x, k, d, bias, residual);
         }
         self.c.conv_gemm_by(self.bf16, w, x, k, d, bias, residual)
     }
@@ -189,6 +193,7 @@ impl<'a> Builder<'a> {
     ) -> Result<Tensor<'a>, GgmlError> {
         if self.panel(w)
             || w.is_type(GgmlType::BF16)
+            || w.is_type(GgmlType::I8)
             || (self.host && w.is_type(GgmlType::F32) && x.ne()[1] >= HOST_MIN_ROWS)
         {
             return self.host_product(w, x, (1, 1), bias, residual);
@@ -233,7 +238,7 @@ impl<'a> Builder<'a> {
         x: Tensor<'a>,
         bias: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
-        if self.panel(w) || w.is_type(GgmlType::BF16) {
+        if self.panel(w) || w.is_type(GgmlType::BF16) || w.is_type(GgmlType::I8) {
             return self.host_product(w, x, (1, 1), bias, None);
         }
         self.ggml_then(self.c.mul_mat(w, x)?, bias, None)

@@ -4,7 +4,7 @@
 use crate::error::ModelError;
 use crate::ffi::Context;
 use crate::gguf::{GgmlType, GgufFile};
-use crate::kernels::{bf16, panel};
+use crate::kernels::{bf16, int8, panel};
 
 /// Copies `n` elements of `es` bytes each: element `i` of the output is element `index(i)` of
 /// `data`.
@@ -28,6 +28,11 @@ pub(super) struct Loader<'f> {
     pub(super) host: bool,
     /// With `host`: store them as bf16 tiles ([`crate::kernels::bf16::pack`]) where they fit.
     pub(super) bf16: bool,
+    /// With `host`: store the conv and transposed-conv matrices that [`Loader::int8_for`] names
+    /// as 8-bit integers ([`crate::kernels::int8::pack`]) where they fit.
+    pub(super) int8: bool,
+    /// Which host matrices `int8` applies to, by name: all when `None`.
+    pub(super) int8_for: Option<fn(&str) -> bool>,
     /// With `host` and not `bf16`: store every conv and transposed-conv matrix whose columns fit
     /// as f32 panels ([`crate::kernels::panel::pack`]), marked by a `<name>.panel` stand-in, so
     /// that the graph computes all of them on the host (no packing per call: few rows pay too).
@@ -93,8 +98,9 @@ impl Loader<'_> {
         Ok(())
     }
 
-    /// A host product's f32 matrix `v` (`[k, n]`): as bf16 tiles when [`Loader::bf16`] and the
-    /// tiles fit its `k / taps` input channels, as f32 panels when [`Loader::panel`] and its
+    /// A host product's f32 matrix `v` (`[k, n]`): as 8-bit integers when [`Loader::int8`] names
+    /// it and they fit, as bf16 tiles when [`Loader::bf16`] and the tiles fit its `k / taps` input
+    /// channels, as f32 panels when [`Loader::panel`] and its
     /// columns fit them, else as f32.
     pub(super) fn put_host(
         &self,
@@ -104,6 +110,14 @@ impl Loader<'_> {
         n: usize,
         taps: usize,
     ) -> Result<(), ModelError> {
+        let int8 = self.int8 && self.int8_for.is_none_or(|f| f(name));
+        if int8 && int8::fits(k / taps, n) {
+            if let Some(p) = int8::pack(v, taps, k / taps, n) {
+                // Panel lines on cache lines (see `int8::LINE`).
+                let rows = p.len() / n;
+                return self.put_lines(name, GgmlType::I8, [rows, n], &p, int8::LINE);
+            }
+        }
         if self.bf16 && bf16::fits(k / taps, n) {
             if let Some(p) = bf16::pack(v, k, n) {
                 // Tile rows on cache lines (see `bf16::LINE`).
@@ -180,7 +194,7 @@ impl Loader<'_> {
         if found != [k, c_in, c_out] || !matches!(ty, GgmlType::F32 | GgmlType::F16) {
             return Err(self.shape_err(name, &[k, c_in, c_out], &found));
         }
-        if (host || self.bf16 || self.panel) && self.host {
+        if (host || self.bf16 || self.panel || self.int8) && self.host {
             let v = crate::ffi::dequantize(ty, data, k * c_in * c_out).map_err(ModelError::from)?;
             // Element (c, j, o) of the output sits at c + c_in·(j + k·o); source at j + k·(c + c_in·o).
             let t: Vec<f32> = (0..k * c_in * c_out)
@@ -242,7 +256,7 @@ impl Loader<'_> {
                 (j0 + j) + k * (o + c_out * c)
             });
             let part = format!("{name}.{part}");
-            let packed = self.bf16 || self.panel;
+            let packed = self.bf16 || self.panel || self.int8;
             if (host || packed) && self.host && (ty != GgmlType::F32 || packed) {
                 // f16 widened to f32, or f32 packed to bf16 or panels, for the host product.
                 let v = crate::ffi::dequantize(ty, &bytes, c_in * r * c_out)

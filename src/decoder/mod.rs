@@ -34,6 +34,8 @@ mod state;
 pub use state::DecoderState;
 mod graph;
 mod load;
+mod products;
+pub use products::{int8_layer, Products};
 
 use graph::build_chunk;
 use load::Loader;
@@ -58,28 +60,6 @@ const K7: usize = 7;
 /// ([`Context::conv_gemm`]): below it, packing the weights costs more than the product saves, and
 /// ggml's unpacked products stay.
 pub const HOST_MIN_ROWS: usize = 32;
-
-/// How the decoder computes the products of its residual units, post-conv and upsampling convs
-/// that see at least [`HOST_MIN_ROWS`] rows per frame (see [`Decoder::load_options`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Products {
-    /// ggml's `im2col` and `mul_mat` in the file's type: the benches' baseline.
-    Ggml,
-    /// [`Context::conv_gemm`] on f32 matrices (f16 files widened): exact, the default. Where the
-    /// process's tier has a [`crate::kernels::panel::Kernel`] (AVX2 with FMA, AVX-512), every
-    /// conv and transposed-conv matrix is packed in panels at load and computed by it, whatever
-    /// its row count; elsewhere by `matrixmultiply`, as [`Products::HostF32Sgemm`].
-    HostF32,
-    /// [`Context::conv_gemm`] on unpacked f32 matrices by `matrixmultiply`'s sgemm (which packs
-    /// them per call, so products of fewer than [`HOST_MIN_ROWS`] rows stay on ggml): the
-    /// products before the panels, kept as the benches' baseline.
-    HostF32Sgemm,
-    /// [`Context::conv_gemm`] on bf16 matrices, on AMX tiles or with AVX-512 BF16 dot products,
-    /// where the shapes allow ([`crate::kernels::bf16::fits`]), f32 elsewhere: not exact (bf16
-    /// keeps 8 significant bits, see PERFORMANCE.md), half the memory. Only where the process's
-    /// kernel tier has a [`crate::kernels::bf16::Kernel`].
-    HostBf16,
-}
 
 /// Stages a capture records (see [`Decoder::set_capture`]), each `[channels, rows]` with the
 /// channel index fastest (time-major), so chunks concatenate.
@@ -340,6 +320,18 @@ impl Decoder {
         tier: crate::kernels::Tier,
     ) -> Result<Self, ModelError> {
         crate::model::validate::check_mmproj(f.path(), &f.header)?;
+        if products == Products::HostInt8 && crate::kernels::int8::Kernel::active().is_none() {
+            return Err(ModelError::Unsupported {
+                what: "int8 decoder products".into(),
+                expected: "a kernel tier with AVX-512 VNNI or AVX-VNNI (`--kernels avx512` or \
+                           `avxvnni`); elsewhere use the f32 products"
+                    .into(),
+                found: format!(
+                    "kernel tier {tier}, CPU features {}",
+                    crate::kernels::Features::get().names().join(" ")
+                ),
+            });
+        }
         if products == Products::HostBf16 && kernel.is_none() {
             return Err(ModelError::Unsupported {
                 what: "bf16 decoder products".into(),
@@ -384,8 +376,10 @@ impl Decoder {
             matrices,
             host,
             bf16: host && products == Products::HostBf16,
+            int8: host && products == Products::HostInt8,
+            int8_for: Some(int8_layer),
             panel: host
-                && products == Products::HostF32
+                && matches!(products, Products::HostF32 | Products::HostInt8)
                 && crate::kernels::panel::Kernel::active().is_some(),
             last: Default::default(),
         };

@@ -21,6 +21,10 @@ pub enum DecoderWeights {
     /// q8_0 through ggml: a quarter of f32's memory, about 19 dB from f32 on random weights,
     /// slower than the host products.
     Q8_0,
+    /// The residual units' k = 7 convs in 8-bit integers ([`crate::decoder::Products::HostInt8`],
+    /// `vpdpbusd` on AVX-512 VNNI or AVX-VNNI), the rest f32: about 31.6 dB from f32 on random
+    /// weights (bf16: 31.7); an error on a tier without either.
+    Int8,
 }
 
 impl DecoderWeights {
@@ -29,23 +33,29 @@ impl DecoderWeights {
         Self::fastest_for(crate::kernels::active())
     }
 
-    /// bf16 where `tier` has a bf16 kernel that is faster than the f32 products (AMX tiles, or
-    /// AVX-512 BF16 where `vdpbf16ps` outruns f32 FMA, [`crate::kernels::Features::bf16_dot_fast`]),
-    /// else f32 (exact).
+    /// The fastest decoder of `tier` that keeps the quality gate (the waveform at least 30 dB
+    /// from f32 on the full-size random decoder): bf16 where `tier` has a bf16 kernel that
+    /// outruns the others (AMX tiles, or AVX-512 BF16 where `vdpbf16ps` outruns f32 FMA,
+    /// [`crate::kernels::Features::bf16_dot_fast`]), else int8 where it has integer dot products
+    /// (AVX-512 VNNI or AVX-VNNI: an Intel Xeon without AMX, Alder Lake and later, N100), else
+    /// f32 (exact). PERFORMANCE.md has the measurements behind each choice.
     pub fn fastest_for(tier: crate::kernels::Tier) -> Self {
         let caps = tier.caps();
         if caps.amx_bf16 || (caps.avx512_bf16 && caps.bf16_dot_fast) {
             DecoderWeights::Bf16
+        } else if crate::kernels::int8::Kernel::for_caps(caps).is_some() {
+            DecoderWeights::Int8
         } else {
             DecoderWeights::F32
         }
     }
 
     /// Whether the products of this type have a kernel on `tier` (bf16 needs AMX-BF16 or
-    /// AVX-512 BF16; f32 and q8_0 run everywhere).
+    /// AVX-512 BF16, int8 AVX-512 VNNI or AVX-VNNI; f32 and q8_0 run everywhere).
     pub fn runs_on(self, tier: crate::kernels::Tier) -> bool {
         match self {
             DecoderWeights::Bf16 => crate::kernels::bf16::Kernel::for_caps(tier.caps()).is_some(),
+            DecoderWeights::Int8 => crate::kernels::int8::Kernel::for_caps(tier.caps()).is_some(),
             DecoderWeights::F32 | DecoderWeights::Q8_0 => true,
         }
     }
@@ -58,15 +68,19 @@ impl DecoderWeights {
                 Decoder::load_options(f, None, crate::decoder::Products::HostBf16)
             }
             (DecoderWeights::Q8_0, _) => Decoder::load_with(f, Some(crate::gguf::GgmlType::Q8_0)),
+            (DecoderWeights::Int8, _) => {
+                Decoder::load_options(f, None, crate::decoder::Products::HostInt8)
+            }
         }
     }
 
-    /// The name `qtts` takes and prints: `f32`, `bf16`, `q8_0`.
+    /// The name `qtts` takes and prints: `f32`, `bf16`, `q8_0`, `int8`.
     pub fn name(self) -> &'static str {
         match self {
             DecoderWeights::F32 => "f32",
             DecoderWeights::Bf16 => "bf16",
             DecoderWeights::Q8_0 => "q8_0",
+            DecoderWeights::Int8 => "int8",
         }
     }
 }
@@ -105,7 +119,7 @@ pub struct EngineConfig {
     /// packed kernels where the kernel tier has them, else llama.cpp).
     pub talker: TalkerRuntime,
     /// The decoder's matrices: [`DecoderWeights::fastest`] (bf16 on AMX, or where `vdpbf16ps`
-    /// outruns f32 FMA; else f32).
+    /// outruns f32 FMA; else int8 where the tier has VNNI; else f32).
     /// `exact` overrides it with f32.
     pub decoder: DecoderWeights,
     /// Run each utterance's first frame on every core of the plan, one stage after the other: the

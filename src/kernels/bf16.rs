@@ -78,18 +78,9 @@ thread_local! {
     static INPUT: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Calls `f(xb, r0)` with the input rows that output blocks `b0..b1` read (from row `r0`),
-/// rounded to bf16, starting on a cache line ([`LINE`]); rows past the input are zero (they feed
-/// only the output rows past `t_out`, which are not stored).
-///
-/// # Safety
-/// `x` holds the conv's `t_out + (taps − 1) · dilation` input rows of `c_in` values.
-unsafe fn with_rows<R>(
-    x: *const f32,
-    s: Conv,
-    (b0, b1): (usize, usize),
-    f: impl FnOnce(&[u16], usize) -> R,
-) -> R {
+/// The input rows `r0..r1` that output blocks `b0..b1` (of [`blocks`]) read: whole row blocks
+/// plus the taps' span, so `r1` may pass the input's last row.
+pub(crate) fn input_rows(s: Conv, (b0, b1): (usize, usize)) -> (usize, usize) {
     let span = (s.taps - 1) * s.dilation;
     let mrows = block_rows(s.t_out);
     let row_blocks = s.t_out.div_ceil(mrows);
@@ -103,8 +94,23 @@ unsafe fn with_rows<R>(
             (0, row_blocks)
         }
     };
-    let (r0, r1) = (m0 * mrows, m1 * mrows + span);
-    let rows_in = s.t_out + span;
+    (m0 * mrows, m1 * mrows + span)
+}
+
+/// Calls `f(xb, r0)` with the input rows that output blocks `b0..b1` read (from row `r0`),
+/// rounded to bf16, starting on a cache line ([`LINE`]); rows past the input are zero (they feed
+/// only the output rows past `t_out`, which are not stored).
+///
+/// # Safety
+/// `x` holds the conv's `t_out + (taps − 1) · dilation` input rows of `c_in` values.
+unsafe fn with_rows<R>(
+    x: *const f32,
+    s: Conv,
+    (b0, b1): (usize, usize),
+    f: impl FnOnce(&[u16], usize) -> R,
+) -> R {
+    let (r0, r1) = input_rows(s, (b0, b1));
+    let rows_in = s.t_out + (s.taps - 1) * s.dilation;
     INPUT.with(|cell| {
         let mut buf = cell.borrow_mut();
         buf.clear();

@@ -27,6 +27,7 @@ pub mod attend;
 pub mod bf16;
 pub mod dot;
 pub mod features;
+pub mod int8;
 pub mod panel;
 pub mod quant;
 pub mod snake;

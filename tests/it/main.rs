@@ -28,6 +28,7 @@ mod ffi_ops;
 mod generate;
 mod gguf;
 mod handoff_model;
+mod int8;
 mod layout;
 mod panel;
 

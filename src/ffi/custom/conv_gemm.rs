@@ -4,7 +4,7 @@
 use super::thread_share;
 use crate::ffi::{sys, Context, GgmlError, Tensor};
 use crate::gguf::GgmlType;
-use crate::kernels::{bf16, panel};
+use crate::kernels::{bf16, int8, panel};
 
 /// The largest tap count and dilation [`Context::conv_gemm`] takes: both travel in the op's
 /// `userdata` word, 14 bits each, beside the epilogue's two flags.
@@ -29,6 +29,8 @@ enum Storage {
     Bf16(Option<bf16::Kernel>),
     /// f32 panels ([`panel::pack`]).
     Panel,
+    /// 8-bit integers ([`int8::pack`], an `i8` tensor).
+    Int8,
 }
 
 /// What [`Context::conv_gemm_then`] adds to the product's rows as each part is stored: the bias,
@@ -153,6 +155,20 @@ unsafe extern "C" fn conv_gemm_trampoline(
                 y,
                 s,
                 thread_share(panel::blocks(t_out, c_out), ith, nth),
+                |rows, cols| epilogue.apply(y, c_out, rows, cols),
+            );
+            return;
+        }
+        if (*w).type_ == sys::GGML_TYPE_I8 {
+            // `conv_gemm_int8` checked the shapes; the scalar twin where no vector kernel is.
+            let kernel = int8::Kernel::active().unwrap_or(int8::Kernel::Scalar);
+            int8::conv(
+                kernel,
+                (*w).data as *const u8,
+                (*x).data as *const f32,
+                y,
+                s,
+                thread_share(int8::blocks(t_out, c_out), ith, nth),
                 |rows, cols| epilogue.apply(y, c_out, rows, cols),
             );
             return;
@@ -290,6 +306,23 @@ impl Context {
         self.conv_gemm_stored(Storage::Panel, w, x, taps, dilation, bias, residual)
     }
 
+    /// [`Context::conv_gemm_then`] with the kernel matrix `w` quantized to 8 bits
+    /// ([`int8::pack`] of the `[taps · c_in, c_out]` matrix: an `i8` tensor
+    /// `[`[`int8::packed_len`]` / c_out, c_out]`), computed by the process's tier's
+    /// [`int8::Kernel`] (its scalar twin where the tier has none) from an 8-bit copy of the
+    /// input: not exact (see [`int8`]), independent of the chunking and the thread count.
+    pub fn conv_gemm_int8<'a>(
+        &'a self,
+        w: Tensor<'a>,
+        x: Tensor<'a>,
+        taps: usize,
+        dilation: usize,
+        bias: Option<Tensor<'a>>,
+        residual: Option<Tensor<'a>>,
+    ) -> Result<Tensor<'a>, GgmlError> {
+        self.conv_gemm_stored(Storage::Int8, w, x, taps, dilation, bias, residual)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn conv_gemm_stored<'a>(
         &'a self,
@@ -337,7 +370,30 @@ impl Context {
             Self::dense_f32("conv_gemm kernel", w)?;
         }
         Self::dense_f32("conv_gemm input", x)?;
-        let (nw, nx) = (w.ne(), x.ne());
+        let (mut nw, nx) = (w.ne(), x.ne());
+        if storage == Storage::Int8 {
+            // SAFETY: the tensor is live; the contiguity test reads only its shape and strides.
+            let dense = unsafe { sys::ggml_is_contiguous(w.ptr.as_ptr()) };
+            let (c_in, n) = (nx[0], nw[1]);
+            let rows = taps.max(1) * c_in + 8 * taps.max(1) * int8::runs(c_in);
+            if !w.is_type(GgmlType::I8) || !dense || !int8::fits(c_in, n) || nw[0] != rows {
+                return Err(GgmlError::Shape {
+                    what: "conv_gemm int8 kernel",
+                    expected: format!(
+                        "a contiguous i8 kernel packed by int8::pack, [{rows}, c_out], c_in a \
+                         multiple of {}, c_out of {}",
+                        int8::GROUP,
+                        int8::BLOCK
+                    ),
+                    found: format!(
+                        "kernel {nw:?}, i8 {}, contiguous {dense}, input {nx:?}",
+                        w.is_type(GgmlType::I8)
+                    ),
+                });
+            }
+            // The product's own shape, as the checks below take it.
+            nw[0] = taps * c_in;
+        }
         let span = taps.saturating_sub(1) * dilation;
         if taps == 0
             || dilation == 0

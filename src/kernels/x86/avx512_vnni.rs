@@ -223,3 +223,119 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
     }
     out
 }
+
+/// Rows `rows` of column block `nb` of an 8-bit decoder product ([`crate::kernels::int8`]):
+/// 4 rows by two panels at a time.
+///
+/// # Safety
+/// As [`crate::kernels::int8::conv`]'s kernels: `ops` holds the packed matrix and the input rows
+/// that `rows` read, `y` the output rows; the CPU has AVX-512 F, BW and VNNI.
+pub(crate) unsafe fn int8_block(
+    ops: crate::kernels::int8::Operands,
+    y: *mut f32,
+    s: crate::kernels::int8::Conv,
+    nb: usize,
+    rows: std::ops::Range<usize>,
+) {
+    crate::kernels::panel::row_groups(rows, &[4, 2], |t, r| {
+        // SAFETY: the caller's contract; rows t..t + r lie in `rows`.
+        unsafe {
+            match r {
+                4 => int8_rows::<4>(ops, y, s, nb, t),
+                2 => int8_rows::<2>(ops, y, s, nb, t),
+                _ => int8_rows::<1>(ops, y, s, nb, t),
+            }
+        }
+    });
+}
+
+/// Output rows `t..t + R` of column block `nb`: per group of four channels, two 16-column weight
+/// lines times each row's four broadcast input bytes, one `vpdpbusd` per row and panel; each
+/// run's sums then go into f32 totals that stay in registers until the last run of the last
+/// tap (4 rows: 8 integer sums, 8 totals).
+///
+/// # Safety
+/// As [`int8_block`]; rows `t..t + R` are below `t_out`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn int8_rows<const R: usize>(
+    ops: crate::kernels::int8::Operands,
+    y: *mut f32,
+    s: crate::kernels::int8::Conv,
+    nb: usize,
+    t: usize,
+) {
+    use crate::kernels::int8::{runs, GROUP, PANEL, RUN};
+    let (k, nr) = (s.taps * s.c_in, runs(s.c_in));
+    let w0 = ops.w.wrapping_add(2 * nb * PANEL * k);
+    let w1 = w0.wrapping_add(PANEL * k);
+    let o0 = 2 * nb * PANEL;
+    let mut total = [[_mm512_setzero_ps(); 2]; R];
+    for j in 0..s.taps {
+        let r: [usize; R] = std::array::from_fn(|i| t + i + j * s.dilation - ops.r0);
+        let xrows: [*const u8; R] = std::array::from_fn(|i| ops.xq.wrapping_add(r[i] * s.c_in));
+        for u in 0..nr {
+            let (c0, c1) = (u * RUN, ((u + 1) * RUN).min(s.c_in));
+            let g0 = (j * s.c_in + c0) / GROUP;
+            let (mut p0, mut p1) = (
+                w0.wrapping_add(g0 * GROUP * PANEL),
+                w1.wrapping_add(g0 * GROUP * PANEL),
+            );
+            let run = (j * nr + u) * s.n + o0;
+            // The sums start at −128 · Σ wq (the corrections), so they end at Σ xq · wq.
+            // SAFETY: run (j, u)'s corrections of columns o0..o0 + 32.
+            let corr = unsafe {
+                [
+                    _mm512_sub_epi32(
+                        _mm512_setzero_si512(),
+                        _mm512_loadu_si512(ops.corr.add(run).cast()),
+                    ),
+                    _mm512_sub_epi32(
+                        _mm512_setzero_si512(),
+                        _mm512_loadu_si512(ops.corr.add(run + PANEL).cast()),
+                    ),
+                ]
+            };
+            let mut acc = [corr; R];
+            for c in (c0..c1).step_by(GROUP) {
+                // SAFETY: group (j · c_in + c) / 4 of both panels inside the packed matrix;
+                // four channels c.. of each held input row.
+                unsafe {
+                    let bw0 = _mm512_loadu_si512(p0.cast());
+                    let bw1 = _mm512_loadu_si512(p1.cast());
+                    for (acc, row) in acc.iter_mut().zip(&xrows) {
+                        let xv = _mm512_set1_epi32(row.add(c).cast::<i32>().read_unaligned());
+                        acc[0] = _mm512_dpbusd_epi32(acc[0], xv, bw0);
+                        acc[1] = _mm512_dpbusd_epi32(acc[1], xv, bw1);
+                    }
+                }
+                (p0, p1) = (
+                    p0.wrapping_add(GROUP * PANEL),
+                    p1.wrapping_add(GROUP * PANEL),
+                );
+            }
+            // SAFETY: run (j, u)'s scales of columns o0..o0 + 32; each row's run-u scale.
+            unsafe {
+                let sw = [
+                    _mm512_loadu_ps(ops.sw.add(run)),
+                    _mm512_loadu_ps(ops.sw.add(run + PANEL)),
+                ];
+                for i in 0..R {
+                    let sx = _mm512_set1_ps(*ops.sx.add(r[i] * nr + u));
+                    for h in 0..2 {
+                        let coef = _mm512_mul_ps(sx, sw[h]);
+                        let sum = _mm512_cvtepi32_ps(acc[i][h]);
+                        total[i][h] = _mm512_fmadd_ps(sum, coef, total[i][h]);
+                    }
+                }
+            }
+        }
+    }
+    for (i, total) in total.iter().enumerate() {
+        // SAFETY: output row t + i < t_out, columns o0..o0 + 32 <= n.
+        unsafe {
+            let at = y.add((t + i) * s.n + o0);
+            _mm512_storeu_ps(at, total[0]);
+            _mm512_storeu_ps(at.add(PANEL), total[1]);
+        }
+    }
+}

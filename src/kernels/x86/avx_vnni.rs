@@ -163,3 +163,106 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
     // SAFETY: plain stores of the accumulators.
     acc.map(|a| unsafe { store16(a) })
 }
+
+/// Rows `rows` of column block `nb` of an 8-bit decoder product ([`crate::kernels::int8`]):
+/// one panel at a time, 6 rows by two vectors of 8 columns.
+///
+/// # Safety
+/// As [`crate::kernels::int8::conv`]'s kernels: `ops` holds the packed matrix and the input rows
+/// that `rows` read, `y` the output rows; the CPU has AVX2, FMA and AVX-VNNI.
+pub(crate) unsafe fn int8_block(
+    ops: crate::kernels::int8::Operands,
+    y: *mut f32,
+    s: crate::kernels::int8::Conv,
+    nb: usize,
+    rows: std::ops::Range<usize>,
+) {
+    for p in [2 * nb, 2 * nb + 1] {
+        crate::kernels::panel::row_groups(rows.clone(), &[6, 4, 2], |t, r| {
+            // SAFETY: the caller's contract; rows t..t + r lie in `rows`, panel p in block nb.
+            unsafe {
+                match r {
+                    6 => int8_rows::<6>(ops, y, s, p, t),
+                    4 => int8_rows::<4>(ops, y, s, p, t),
+                    2 => int8_rows::<2>(ops, y, s, p, t),
+                    _ => int8_rows::<1>(ops, y, s, p, t),
+                }
+            }
+        });
+    }
+}
+
+/// Output rows `t..t + R` of panel `p`: per group of four channels, the panel's line (two
+/// vectors) times each row's four broadcast input bytes, one `vpdpbusd` per row and half; each
+/// run's sums then go into the f32 totals kept in the output rows.
+///
+/// # Safety
+/// As [`int8_block`]; rows `t..t + R` are below `t_out`.
+#[target_feature(enable = "avx2,fma,avxvnni")]
+unsafe fn int8_rows<const R: usize>(
+    ops: crate::kernels::int8::Operands,
+    y: *mut f32,
+    s: crate::kernels::int8::Conv,
+    p: usize,
+    t: usize,
+) {
+    use crate::kernels::int8::{runs, GROUP, PANEL, RUN};
+    let (k, nr) = (s.taps * s.c_in, runs(s.c_in));
+    let w0 = ops.w.wrapping_add(p * PANEL * k);
+    let o0 = p * PANEL;
+    let out: [*mut f32; R] = std::array::from_fn(|i| y.wrapping_add((t + i) * s.n + o0));
+    let mut first = true;
+    for j in 0..s.taps {
+        let r: [usize; R] = std::array::from_fn(|i| t + i + j * s.dilation - ops.r0);
+        let xrows: [*const u8; R] = std::array::from_fn(|i| ops.xq.wrapping_add(r[i] * s.c_in));
+        for u in 0..nr {
+            let (c0, c1) = (u * RUN, ((u + 1) * RUN).min(s.c_in));
+            let mut pw = w0.wrapping_add((j * s.c_in + c0) * PANEL);
+            let mut acc = [[_mm256_setzero_si256(); 2]; R];
+            for c in (c0..c1).step_by(GROUP) {
+                // SAFETY: group (j · c_in + c) / 4 of the panel inside the packed matrix; four
+                // channels c.. of each held input row.
+                unsafe {
+                    let bw = [
+                        _mm256_loadu_si256(pw.cast()),
+                        _mm256_loadu_si256(pw.add(32).cast()),
+                    ];
+                    for (acc, row) in acc.iter_mut().zip(&xrows) {
+                        let xv = _mm256_set1_epi32(row.add(c).cast::<i32>().read_unaligned());
+                        acc[0] = _mm256_dpbusd_avx_epi32(acc[0], xv, bw[0]);
+                        acc[1] = _mm256_dpbusd_avx_epi32(acc[1], xv, bw[1]);
+                    }
+                }
+                pw = pw.wrapping_add(GROUP * PANEL);
+            }
+            let run = (j * nr + u) * s.n + o0;
+            // SAFETY: run (j, u)'s scales and corrections of columns o0..o0 + 16; each row's
+            // run-u scale; output rows t + i < t_out, columns o0..o0 + 16 <= n.
+            unsafe {
+                let corr = [
+                    _mm256_loadu_si256(ops.corr.add(run).cast()),
+                    _mm256_loadu_si256(ops.corr.add(run + 8).cast()),
+                ];
+                let sw = [
+                    _mm256_loadu_ps(ops.sw.add(run)),
+                    _mm256_loadu_ps(ops.sw.add(run + 8)),
+                ];
+                for i in 0..R {
+                    let sx = _mm256_set1_ps(*ops.sx.add(r[i] * nr + u));
+                    for h in 0..2 {
+                        let sum = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][h], corr[h]));
+                        let coef = _mm256_mul_ps(sx, sw[h]);
+                        let at = out[i].add(8 * h);
+                        let total = if first {
+                            _mm256_setzero_ps()
+                        } else {
+                            _mm256_loadu_ps(at)
+                        };
+                        _mm256_storeu_ps(at, _mm256_fmadd_ps(sum, coef, total));
+                    }
+                }
+            }
+            first = false;
+        }
+    }
+}
