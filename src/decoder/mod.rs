@@ -323,8 +323,8 @@ impl Decoder {
         if products == Products::HostInt8 && crate::kernels::int8::Kernel::active().is_none() {
             return Err(ModelError::Unsupported {
                 what: "int8 decoder products".into(),
-                expected: "a kernel tier with AVX-512 VNNI or AVX-VNNI (`--kernels avx512` or \
-                           `avxvnni`); elsewhere use the f32 products"
+                expected: "a kernel tier with AVX-512 VNNI, AVX-VNNI (`--kernels avx512` or \
+                           `avxvnni`) or NEON with `sdot`; elsewhere use the f32 products"
                     .into(),
                 found: format!(
                     "kernel tier {tier}, CPU features {}",

@@ -21,11 +21,11 @@ pub enum Products {
     /// keeps 8 significant bits, see PERFORMANCE.md), half the memory. Only where the process's
     /// kernel tier has a [`crate::kernels::bf16::Kernel`].
     HostBf16,
-    /// [`Context::conv_gemm_int8`](crate::ffi::Context::conv_gemm_int8) on the matrices [`int8_layer`] names, quantized to 8 bits at
-    /// load ([`crate::kernels::int8::pack`]), f32 panels for the others: not exact (each input row
-    /// and each weight run rounded to 8 bits, see [`crate::kernels::int8`]), a quarter of f32's
-    /// memory for those. Only where the tier has an [`crate::kernels::int8::Kernel`] (AVX-512 VNNI
-    /// or AVX-VNNI).
+    /// [`Context::conv_gemm_int8`](crate::ffi::Context::conv_gemm_int8) on the matrices
+    /// [`int8_layer`] names, quantized to 8 bits at load ([`crate::kernels::int8::pack`]), f32
+    /// panels for the others: not exact (each input row and each weight run rounded to 8 bits,
+    /// see [`crate::kernels::int8`]), a quarter of f32's memory for those. Only where the tier
+    /// has an [`crate::kernels::int8::Kernel`] (AVX-512 VNNI, AVX-VNNI or NEON's `sdot`).
     HostInt8,
 }
 

@@ -38,12 +38,16 @@ impl DecoderWeights {
     /// outruns the others (AMX tiles, or AVX-512 BF16 where `vdpbf16ps` outruns f32 FMA,
     /// [`crate::kernels::Features::bf16_dot_fast`]), else int8 where it has integer dot products
     /// (AVX-512 VNNI or AVX-VNNI: an Intel Xeon without AMX, Alder Lake and later, N100), else
-    /// f32 (exact). PERFORMANCE.md has the measurements behind each choice.
+    /// f32 (exact). PERFORMANCE.md has the measurements behind each choice; on ARM the int8
+    /// decoder (`sdot`) runs on request only, its speed not yet measured there.
     pub fn fastest_for(tier: crate::kernels::Tier) -> Self {
         let caps = tier.caps();
         if caps.amx_bf16 || (caps.avx512_bf16 && caps.bf16_dot_fast) {
             DecoderWeights::Bf16
-        } else if crate::kernels::int8::Kernel::for_caps(caps).is_some() {
+        } else if matches!(
+            crate::kernels::int8::Kernel::for_caps(caps),
+            Some(crate::kernels::int8::Kernel::Avx512Vnni | crate::kernels::int8::Kernel::AvxVnni)
+        ) {
             DecoderWeights::Int8
         } else {
             DecoderWeights::F32
@@ -51,7 +55,7 @@ impl DecoderWeights {
     }
 
     /// Whether the products of this type have a kernel on `tier` (bf16 needs AMX-BF16 or
-    /// AVX-512 BF16, int8 AVX-512 VNNI or AVX-VNNI; f32 and q8_0 run everywhere).
+    /// AVX-512 BF16, int8 AVX-512 VNNI, AVX-VNNI or NEON's `sdot`; f32 and q8_0 run everywhere).
     pub fn runs_on(self, tier: crate::kernels::Tier) -> bool {
         match self {
             DecoderWeights::Bf16 => crate::kernels::bf16::Kernel::for_caps(tier.caps()).is_some(),

@@ -11,9 +11,10 @@
 //! 32 bits (`|sum| < 127² · RUN`). So every kernel gives [`Kernel::Scalar`]'s bits (tested), and
 //! the result depends on neither the row count, the thread count nor the chunking.
 //!
-//! The vector kernels take the input rows as `xq + 128` (unsigned, as `vpdpbusd` takes them) and
-//! subtract `128 · Σ_c wq` per run and column (stored with the scales) from each run's sum, which
-//! then ends exactly at `Σ xq · wq`.
+//! The input rows are held as `xq + 128` (unsigned, as `vpdpbusd` takes them); the x86 kernels
+//! start each run's sum at `−128 · Σ_c wq` (stored with the scales per run and column), so it
+//! ends exactly at `Σ xq · wq`; NEON's `sdot` takes both sides signed and flips the input bytes'
+//! top bit back instead.
 //!
 //! [`pack`]'s order: panel `p` holds, for each group of four reduction indices in turn (four
 //! channels of one tap), the [`PANEL`] columns `p · 16 ..` as four bytes each, one 64-byte line:
@@ -66,6 +67,8 @@ pub enum Kernel {
     Avx512Vnni,
     /// AVX-VNNI (the VEX-encoded 256-bit `vpdpbusd`): 6 rows by one panel.
     AvxVnni,
+    /// aarch64 NEON with `sdot` (FEAT_DotProd): 4 rows by one panel.
+    Neon,
 }
 
 impl Kernel {
@@ -76,6 +79,8 @@ impl Kernel {
             Some(Kernel::Avx512Vnni)
         } else if caps.avx2 && caps.fma && caps.avx_vnni {
             Some(Kernel::AvxVnni)
+        } else if caps.neon && caps.dotprod {
+            Some(Kernel::Neon)
         } else {
             None
         }
@@ -93,6 +98,7 @@ impl Kernel {
             Kernel::Scalar => true,
             Kernel::Avx512Vnni => f.avx512 && f.avx512_vnni,
             Kernel::AvxVnni => f.avx2 && f.fma && f.avx_vnni,
+            Kernel::Neon => f.neon && f.dotprod,
         }
     }
 }
@@ -253,6 +259,8 @@ pub unsafe fn conv(
                     }
                     #[cfg(target_arch = "x86_64")]
                     Kernel::AvxVnni => super::x86::avx_vnni::int8_block(ops, y, s, nb, t0..t1),
+                    #[cfg(target_arch = "aarch64")]
+                    Kernel::Neon => super::aarch64::neon::int8_block(ops, y, s, nb, t0..t1),
                     #[allow(unreachable_patterns)]
                     _ => unreachable!("{kernel:?} is not available here (`Kernel::available`)"),
                 }
@@ -367,7 +375,7 @@ mod tests {
     /// remainders, dilation, the blocks split in two calls); the others are named as skipped.
     #[test]
     fn vector_kernels_give_the_twins_bits() {
-        for kernel in [Kernel::Avx512Vnni, Kernel::AvxVnni] {
+        for kernel in [Kernel::Avx512Vnni, Kernel::AvxVnni, Kernel::Neon] {
             if !kernel.available() {
                 eprintln!("int8 kernel {kernel:?}: skipped, this CPU lacks its instructions");
                 continue;

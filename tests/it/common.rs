@@ -291,3 +291,18 @@ pub fn step_greedy(
         codes,
     }
 }
+
+/// Values spread over several binades, so that a kernel that rounded its products apart from
+/// its sums (no fused multiply-add) or summed in another order would give other bits.
+pub fn spread_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let m = (s % 20_001) as f32 / 10_000.0 - 1.0;
+            m * [1.0, 0.37, 3.1, 0.011][(s >> 40) as usize % 4]
+        })
+        .collect()
+}

@@ -13,6 +13,7 @@ use qtts::kernels::int8::{self, Conv, Kernel};
 use qtts::model::convert::OutType;
 
 use crate::common;
+use common::spread_values as values;
 
 /// Least SNR of the int8 decoder's waveform (the last stage before the clamp) against f32, dB:
 /// the gate.
@@ -20,19 +21,6 @@ const WAVEFORM_MIN_SNR_DB: f64 = 30.0;
 /// Least SNR of any earlier stage, dB (each later DAC block loses about 3 dB of the errors
 /// before it, so the earlier stages are far above the waveform's).
 const STAGE_MIN_SNR_DB: f64 = 30.0;
-
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let m = (s % 20_001) as f32 / 10_000.0 - 1.0;
-            m * [1.0, 0.37, 3.1, 0.011][(s >> 40) as usize % 4]
-        })
-        .collect()
-}
 
 /// `conv_gemm_int8` on 1 and 2 ggml threads: the scalar twin's bits plus the bias, then the
 /// residual, as separate adds. The kernel is the tier's (the twin itself where it has none).

@@ -526,3 +526,101 @@ unsafe fn panel_rows<const R: usize>(
         }
     }
 }
+
+/// Rows `rows` of column block `nb` of an 8-bit decoder product ([`crate::kernels::int8`]):
+/// each of its two panels in turn, 4 rows at a time (16 accumulators of 4 lanes). `sdot` takes
+/// both sides signed, so the input bytes `xq + 128` get their top bit flipped back to `xq` and
+/// the sums need no correction: they are `Σ xq · wq` exactly, as on x86.
+///
+/// # Safety
+/// As [`crate::kernels::int8::conv`]'s kernels: `ops` holds the packed matrix and the input rows
+/// that `rows` read, `y` the output rows; the CPU has NEON and FEAT_DotProd.
+pub(crate) unsafe fn int8_block(
+    ops: crate::kernels::int8::Operands,
+    y: *mut f32,
+    s: crate::kernels::int8::Conv,
+    nb: usize,
+    rows: std::ops::Range<usize>,
+) {
+    for p in 2 * nb..2 * nb + 2 {
+        crate::kernels::panel::row_groups(rows.clone(), &[4, 2], |t, r| {
+            // SAFETY: the caller's contract; rows t..t + r lie in `rows`, panel p in block nb.
+            unsafe {
+                match r {
+                    4 => int8_rows::<4>(ops, y, s, p, t),
+                    2 => int8_rows::<2>(ops, y, s, p, t),
+                    _ => int8_rows::<1>(ops, y, s, p, t),
+                }
+            }
+        });
+    }
+}
+
+/// Output rows `t..t + R` of panel `p`: per group of four channels, the panel's line (four
+/// vectors of four columns) times each row's four input bytes, one `sdot` per row and vector;
+/// each run's sums then go into the f32 totals kept in the output rows.
+///
+/// # Safety
+/// As [`int8_block`]; rows `t..t + R` are below `t_out`.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn int8_rows<const R: usize>(
+    ops: crate::kernels::int8::Operands,
+    y: *mut f32,
+    s: crate::kernels::int8::Conv,
+    p: usize,
+    t: usize,
+) {
+    use crate::kernels::int8::{runs, GROUP as G8, PANEL, RUN};
+    let (k, nr) = (s.taps * s.c_in, runs(s.c_in));
+    let w0 = ops.w.wrapping_add(p * PANEL * k);
+    let o0 = p * PANEL;
+    let out: [*mut f32; R] = std::array::from_fn(|i| y.wrapping_add((t + i) * s.n + o0));
+    // SAFETY: register-only.
+    let flip = unsafe { vdupq_n_s8(i8::MIN) };
+    let mut first = true;
+    for j in 0..s.taps {
+        let r: [usize; R] = std::array::from_fn(|i| t + i + j * s.dilation - ops.r0);
+        let xrows: [*const u8; R] = std::array::from_fn(|i| ops.xq.wrapping_add(r[i] * s.c_in));
+        for u in 0..nr {
+            let (c0, c1) = (u * RUN, ((u + 1) * RUN).min(s.c_in));
+            let mut pw = w0.wrapping_add((j * s.c_in + c0) * PANEL);
+            // SAFETY: register-only.
+            let mut acc = [[unsafe { vdupq_n_s32(0) }; 4]; R];
+            for c in (c0..c1).step_by(G8) {
+                // SAFETY: group (j · c_in + c) / 4 of the panel inside the packed matrix; four
+                // channels c.. of each held input row; the CPU has FEAT_DotProd.
+                unsafe {
+                    let wv: [int8x16_t; 4] =
+                        std::array::from_fn(|q| vld1q_s8(pw.add(16 * q).cast()));
+                    for (acc, row) in acc.iter_mut().zip(&xrows) {
+                        let xv = veorq_s8(splat4(row.add(c).cast()), flip);
+                        for (a, &wq) in acc.iter_mut().zip(&wv) {
+                            *a = sdot(*a, wq, xv);
+                        }
+                    }
+                }
+                pw = pw.wrapping_add(G8 * PANEL);
+            }
+            let run = (j * nr + u) * s.n + o0;
+            for i in 0..R {
+                // SAFETY: run (j, u)'s scales of columns o0..o0 + 16; row r[i]'s run-u scale;
+                // output row t + i < t_out, columns o0..o0 + 16 <= n.
+                unsafe {
+                    let sx = vdupq_n_f32(*ops.sx.add(r[i] * nr + u));
+                    for q in 0..4 {
+                        let coef = vmulq_f32(sx, vld1q_f32(ops.sw.add(run + 4 * q)));
+                        let sum = vcvtq_f32_s32(acc[i][q]);
+                        let at = out[i].add(4 * q);
+                        let total = if first {
+                            vdupq_n_f32(0.0)
+                        } else {
+                            vld1q_f32(at)
+                        };
+                        vst1q_f32(at, vfmaq_f32(total, sum, coef));
+                    }
+                }
+            }
+            first = false;
+        }
+    }
+}
