@@ -28,11 +28,9 @@ pub(super) struct Loader<'f> {
     pub(super) host: bool,
     /// With `host`: store them as bf16 tiles ([`crate::kernels::bf16::pack`]) where they fit.
     pub(super) bf16: bool,
-    /// With `host`: store the conv and transposed-conv matrices that [`Loader::int8_for`] names
+    /// With `host`: store the conv and transposed-conv matrices that [`super::int8_layer`] names
     /// as 8-bit integers ([`crate::kernels::int8::pack`]) where they fit.
     pub(super) int8: bool,
-    /// Which host matrices `int8` applies to, by name: all when `None`.
-    pub(super) int8_for: Option<fn(&str) -> bool>,
     /// With `host` and not `bf16`: store every conv and transposed-conv matrix whose columns fit
     /// as f32 panels ([`crate::kernels::panel::pack`]), marked by a `<name>.panel` stand-in, so
     /// that the graph computes all of them on the host (no packing per call: few rows pay too).
@@ -98,8 +96,8 @@ impl Loader<'_> {
         Ok(())
     }
 
-    /// A host product's f32 matrix `v` (`[k, n]`): as 8-bit integers when [`Loader::int8`] names
-    /// it and they fit, as bf16 tiles when [`Loader::bf16`] and the tiles fit its `k / taps` input
+    /// A host product's f32 matrix `v` (`[k, n]`): as 8-bit integers when [`Loader::int8`] and
+    /// [`super::int8_layer`] name it and they fit, as bf16 tiles when [`Loader::bf16`] and the tiles fit its `k / taps` input
     /// channels, as f32 panels when [`Loader::panel`] and its
     /// columns fit them, else as f32.
     pub(super) fn put_host(
@@ -110,8 +108,7 @@ impl Loader<'_> {
         n: usize,
         taps: usize,
     ) -> Result<(), ModelError> {
-        let int8 = self.int8 && self.int8_for.is_none_or(|f| f(name));
-        if int8 && int8::fits(k / taps, n) {
+        if self.int8 && super::int8_layer(name) && int8::fits(k / taps, n) {
             if let Some(p) = int8::pack(v, taps, k / taps, n) {
                 // Panel lines on cache lines (see `int8::LINE`).
                 let rows = p.len() / n;

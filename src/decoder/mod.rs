@@ -377,7 +377,6 @@ impl Decoder {
             host,
             bf16: host && products == Products::HostBf16,
             int8: host && products == Products::HostInt8,
-            int8_for: Some(int8_layer),
             panel: host
                 && matches!(products, Products::HostF32 | Products::HostInt8)
                 && crate::kernels::panel::Kernel::active().is_some(),

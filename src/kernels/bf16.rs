@@ -217,6 +217,15 @@ pub(crate) fn block_rows(t_out: usize) -> usize {
     }
 }
 
+/// Block `b` of the [`blocks`] grid of a product of `t_out` rows: its column block and its rows
+/// (the last row block may be short).
+pub(crate) fn block(t_out: usize, b: usize) -> (usize, std::ops::Range<usize>) {
+    let mrows = block_rows(t_out);
+    let row_blocks = t_out.div_ceil(mrows);
+    let (nb, t0) = (b / row_blocks, (b % row_blocks) * mrows);
+    (nb, t0..(t0 + mrows).min(t_out))
+}
+
 /// Output blocks of a product of `t_out` rows and `n` columns: the unit [`conv`] shares out.
 pub fn blocks(t_out: usize, n: usize) -> usize {
     t_out.div_ceil(block_rows(t_out)) * (n / BLOCK)

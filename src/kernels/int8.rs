@@ -242,30 +242,28 @@ pub unsafe fn conv(
             sx: sx.as_ptr(),
             r0,
         };
-        let mrows = super::bf16::block_rows(s.t_out);
-        let row_blocks = s.t_out.div_ceil(mrows);
         for b in b0..b1 {
-            let (nb, mb) = (b / row_blocks, b % row_blocks);
-            let t0 = mb * mrows;
-            let t1 = (t0 + mrows).min(s.t_out);
-            // SAFETY: the caller's contract; rows t0..t1 < t_out read input rows below r1,
+            let (nb, rows) = super::bf16::block(s.t_out, b);
+            // SAFETY: the caller's contract; rows below t_out read input rows below r1,
             // columns of block nb < n.
             unsafe {
                 match kernel {
-                    Kernel::Scalar => block_scalar(ops, y, s, nb, t0..t1),
+                    Kernel::Scalar => block_scalar(ops, y, s, nb, rows.clone()),
                     #[cfg(target_arch = "x86_64")]
                     Kernel::Avx512Vnni => {
-                        super::x86::avx512_vnni::int8_block(ops, y, s, nb, t0..t1)
+                        super::x86::avx512_vnni::int8_block(ops, y, s, nb, rows.clone())
                     }
                     #[cfg(target_arch = "x86_64")]
-                    Kernel::AvxVnni => super::x86::avx_vnni::int8_block(ops, y, s, nb, t0..t1),
+                    Kernel::AvxVnni => {
+                        super::x86::avx_vnni::int8_block(ops, y, s, nb, rows.clone())
+                    }
                     #[cfg(target_arch = "aarch64")]
-                    Kernel::Neon => super::aarch64::neon::int8_block(ops, y, s, nb, t0..t1),
+                    Kernel::Neon => super::aarch64::neon::int8_block(ops, y, s, nb, rows.clone()),
                     #[allow(unreachable_patterns)]
                     _ => unreachable!("{kernel:?} is not available here (`Kernel::available`)"),
                 }
             }
-            then(t0..t1, nb * BLOCK..(nb + 1) * BLOCK);
+            then(rows, nb * BLOCK..(nb + 1) * BLOCK);
         }
     });
 }

@@ -84,7 +84,6 @@ impl Kernel {
 /// Shape of one [`conv`] call: the bf16 kernels' ([`super::bf16::Conv`]).
 pub use super::bf16::Conv;
 
-use super::bf16::block_rows;
 /// Output blocks of a product of `t_out` rows and `n` columns, the unit [`conv`] shares out: the
 /// bf16 kernels' grid (up to 32 rows, 16 for products of at most 16 rows, by 32 columns),
 /// column-block-major.
@@ -144,27 +143,23 @@ pub unsafe fn conv(
     (b0, b1): (usize, usize),
     mut then: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>),
 ) {
-    let mrows = block_rows(s.t_out);
-    let row_blocks = s.t_out.div_ceil(mrows);
     for b in b0..b1 {
-        let (nb, mb) = (b / row_blocks, b % row_blocks);
-        let t0 = mb * mrows;
-        let t1 = (t0 + mrows).min(s.t_out);
-        // SAFETY: the caller's contract; rows t0..t1 < t_out, columns of block nb < n.
+        let (nb, rows) = super::bf16::block(s.t_out, b);
+        // SAFETY: the caller's contract; rows below t_out, columns of block nb < n.
         unsafe {
             match kernel {
-                Kernel::Scalar => block_scalar(w, x, y, s, nb, t0..t1),
+                Kernel::Scalar => block_scalar(w, x, y, s, nb, rows.clone()),
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Avx512 => super::x86::avx512::panel_block(w, x, y, s, nb, t0..t1),
+                Kernel::Avx512 => super::x86::avx512::panel_block(w, x, y, s, nb, rows.clone()),
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Avx2 => super::x86::avx2::panel_block(w, x, y, s, nb, t0..t1),
+                Kernel::Avx2 => super::x86::avx2::panel_block(w, x, y, s, nb, rows.clone()),
                 #[cfg(target_arch = "aarch64")]
-                Kernel::Neon => super::aarch64::neon::panel_block(w, x, y, s, nb, t0..t1),
+                Kernel::Neon => super::aarch64::neon::panel_block(w, x, y, s, nb, rows.clone()),
                 #[allow(unreachable_patterns)]
                 _ => unreachable!("{kernel:?} is not available here (`Kernel::available`)"),
             }
         }
-        then(t0..t1, nb * BLOCK..(nb + 1) * BLOCK);
+        then(rows, nb * BLOCK..(nb + 1) * BLOCK);
     }
 }
 

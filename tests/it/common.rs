@@ -306,3 +306,19 @@ pub fn spread_values(n: usize, seed: u64) -> Vec<f32> {
         })
         .collect()
 }
+
+/// `n` frames of codes below 2048, the same every call (a fixed xorshift sequence): the
+/// full-size decoder tests' input.
+pub fn random_codes(n: usize) -> Vec<[u32; qtts::decoder::CODEBOOKS]> {
+    let mut state = 0x853c_49e6_748f_ea9bu64;
+    (0..n)
+        .map(|_| {
+            std::array::from_fn(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % 2048) as u32
+            })
+        })
+        .collect()
+}

@@ -277,17 +277,7 @@ fn full_size_decoder_streams_the_same_in_any_chunking() {
     let f = GgufFile::open(&out.mmproj).unwrap();
     let pool = Threadpool::new(2, &[]).unwrap();
     const N: usize = 200;
-    let mut state = 0x853c_49e6_748f_ea9bu64;
-    let codes: Vec<[u32; CODEBOOKS]> = (0..N)
-        .map(|_| {
-            std::array::from_fn(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state % 2048) as u32
-            })
-        })
-        .collect();
+    let codes = common::random_codes(N);
     // The random decoder is not calibrated like the oracle's (its final conv is not rescaled),
     // so most output samples clamp at ±1: compare every stage before the clamp, relative to its
     // peak, from the capture.

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use qtts::decoder::{Decoder, Products, CODEBOOKS};
+use qtts::decoder::{Decoder, Products};
 use qtts::ffi::{Context, Threadpool};
 use qtts::gguf::{GgmlType, GgufFile};
 use qtts::kernels::int8::{self, Conv, Kernel};
@@ -98,17 +98,7 @@ const N: usize = 100;
 
 /// Every stage of `voc` over `N` frames of random codes, 4 frames a call (the engine's chunk).
 fn stages(voc: &mut Decoder, pool: &Threadpool) -> BTreeMap<&'static str, Vec<f32>> {
-    let mut state = 0x853c_49e6_748f_ea9bu64;
-    let codes: Vec<[u32; CODEBOOKS]> = (0..N)
-        .map(|_| {
-            std::array::from_fn(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state % 2048) as u32
-            })
-        })
-        .collect();
+    let codes = common::random_codes(N);
     voc.set_max_chunk(4);
     voc.reset().unwrap();
     voc.set_capture(true);
