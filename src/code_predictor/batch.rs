@@ -42,7 +42,8 @@ impl CodePredictor {
     /// state and code 0, and `pick(r, group, logits)` chooses row `r`'s code of each head.
     /// Returns each row's 15 codes: the ones [`CodePredictor::frame`] gives it alone. One row
     /// runs [`CodePredictor::frame`] itself; up to [`MAX_ROWS`] run in one graph a sub-step
-    /// (built at a row count's first use, and kept).
+    /// (built at a row count's first use, and kept) where [`CodePredictor::batches`], else one
+    /// after the other.
     pub fn frames(
         &mut self,
         pool: &Threadpool,
@@ -76,6 +77,15 @@ impl CodePredictor {
         }
         if n == 0 {
             return Ok(Vec::new());
+        }
+        if !self.batches() {
+            // ggml's products may sum a row in another order beside other rows: each row alone.
+            return (0..n)
+                .map(|r| {
+                    let (hidden, code0) = inputs[r];
+                    self.frame(pool, hidden, code0, &mut |k, l| pick(r, k, l), None)
+                })
+                .collect();
         }
         self.batch_graphs(n)?;
         let b = &mut self.batched;

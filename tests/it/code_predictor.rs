@@ -644,3 +644,60 @@ fn packed_heads_in_the_graphs_give_the_heads_own_logits() {
         );
     }
 }
+
+/// A frame's logits do not depend on the pool's thread count: the engine's code predictor
+/// computes on one thread or, with the decoder's cores on loan, on more, and may change between
+/// two sub-steps of a frame. Every layer kernel, with f32, q8_0 and packed heads.
+#[test]
+fn a_frames_logits_are_the_same_on_any_number_of_threads() {
+    use qtts::code_predictor::LayerKernel;
+    let pools: Vec<Threadpool> = [1, 2]
+        .iter()
+        .map(|&n| Threadpool::new(n, &[]).unwrap())
+        .collect();
+    // The engine tests' model (a code predictor 48 wide: f32 heads only), and one 256 wide.
+    let mut wide = common::tiny_talker_256();
+    let cp = &mut wide.tts.talker_config.code_predictor_config;
+    (cp.hidden_size, cp.intermediate_size, cp.head_dim) = (256, 512, 64);
+    let models = [
+        common::random_converted(&common::tiny_talker_256(), 24, OutType::Q8_0),
+        common::random_converted(&wide, 25, OutType::Q8_0),
+    ];
+    let cases = [(0, "f32"), (1, "f32"), (1, "q8_0"), (1, "packed")];
+    for (m, heads) in cases {
+        let f = GgufFile::open(&models[m].1.mmproj).unwrap();
+        let mut cp = CodePredictor::load(&f).unwrap();
+        match heads {
+            "q8_0" => cp.use_q8_heads().unwrap(),
+            "packed" if !packed_available() => continue,
+            "packed" => assert!(cp.pack_heads()),
+            _ => {}
+        }
+        let n = cp.geometry().n_talker;
+        let hidden: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 64) as f32 / 32.0) - 1.0)
+            .collect();
+        for kernel in [LayerKernel::Ggml, LayerKernel::Scalar, LayerKernel::Packed] {
+            if kernel.check_available().is_err() {
+                eprintln!(
+                    "{kernel:?}: skipped on kernel tier {}",
+                    qtts::kernels::active()
+                );
+                continue;
+            }
+            let runs: Vec<_> = pools
+                .iter()
+                .map(|p| greedy_frame(&mut cp, kernel, p, &hidden, 7))
+                .collect();
+            for (t, r) in runs.iter().enumerate().skip(1) {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(
+                    r.0 == runs[0].0 && bits(&r.1) == bits(&runs[0].1),
+                    "model {m}, {heads} heads, {kernel:?}: {} threads differ from 1 by {}",
+                    t + 1,
+                    max_abs(&r.1, &runs[0].1)
+                );
+            }
+        }
+    }
+}

@@ -562,6 +562,49 @@ mod tests {
         check_packed_equals_scalar(QType::Q5K);
     }
 
+    /// A row's outputs do not depend on the rows beside it: each input row alone gives the bits
+    /// it gets among 1 to 9 others (the batched talker and code predictor rely on it), for the
+    /// scalar kernels and every packed kernel this CPU runs.
+    #[test]
+    fn each_row_s_outputs_are_its_own_whatever_the_rows_beside_it() {
+        let mut kernels: Vec<(QType, String, MatKernel, bool)> = QType::ALL
+            .into_iter()
+            .map(|ty| (ty, "scalar".to_string(), rows_kernel(ty), false))
+            .collect();
+        crate::kernels::for_each_tier(|tier| {
+            for ty in QType::ALL {
+                for caps in tier.variants() {
+                    if let Some(k) = packed_kernel(ty, caps) {
+                        kernels.push((ty, format!("{tier} {caps:?}"), k, true));
+                    }
+                }
+            }
+        });
+        for (ty, name, kernel, packed) in kernels {
+            let (n, k, m) = (GROUP * 2, 512, 10);
+            let (mut q, _, x) = case(ty, n, k, m, 90);
+            if packed {
+                pack(ty, &mut q, n);
+            }
+            let alone: Vec<Vec<u32>> = (0..m)
+                .map(|r| {
+                    let y = run(kernel, &q, n, k, &x[r * k..(r + 1) * k], 1);
+                    y.iter().map(|v| v.to_bits()).collect()
+                })
+                .collect();
+            for rows in 2..=m {
+                let y = run(kernel, &q, n, k, &x[..rows * k], rows);
+                for (r, want) in alone.iter().take(rows).enumerate() {
+                    let got: Vec<u32> = y[r * n..(r + 1) * n].iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(
+                        &got, want,
+                        "{ty:?} {name}: row {r} of {rows} differs from alone"
+                    );
+                }
+            }
+        }
+    }
+
     /// Every packed kernel also stays within the input rounding of the dequantized rows' exact
     /// products (so that a kernel and its twin cannot be wrong together), and q5_K's fifth bits
     /// matter: the rows with them cleared are far off.
