@@ -655,13 +655,10 @@ fn a_frames_logits_are_the_same_on_any_number_of_threads() {
         .iter()
         .map(|&n| Threadpool::new(n, &[]).unwrap())
         .collect();
-    // The engine tests' model (a code predictor 48 wide: f32 heads only), and one 256 wide.
-    let mut wide = common::tiny_talker_256();
-    let cp = &mut wide.tts.talker_config.code_predictor_config;
-    (cp.hidden_size, cp.intermediate_size, cp.head_dim) = (256, 512, 64);
+    // A code predictor 48 wide (f32 layers and heads), and one 256 wide (q8_0).
     let models = [
-        common::random_converted(&common::tiny_talker_256(), 24, OutType::Q8_0),
-        common::random_converted(&wide, 25, OutType::Q8_0),
+        common::random_converted(&common::narrow_code_predictor(), 24, OutType::Q8_0),
+        common::random_converted(&common::tiny_talker_256(), 25, OutType::Q8_0),
     ];
     let cases = [(0, "f32"), (1, "f32"), (1, "q8_0"), (1, "packed")];
     for (m, heads) in cases {

@@ -116,14 +116,30 @@ pub fn tiny_random(
     random_converted(&cfg, seed, qtts::model::convert::OutType::F32)
 }
 
-/// The tiny 0.6B CustomVoice configs with a small decoder and the talker widened to 256 values a
-/// row (q4_K's block), so that a k-quant conversion stores its layers in that type.
+/// The tiny 0.6B CustomVoice configs with a small decoder and the talker and code predictor
+/// widened to 256 values a row (q4_K's block), so that a k-quant conversion stores their layers
+/// in that type.
 pub fn tiny_talker_256() -> qtts::model::config::CheckpointConfig {
     let mut cfg =
         qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true);
     let t = &mut cfg.tts.talker_config;
     (t.hidden_size, t.intermediate_size, t.head_dim) = (256, 512, 64);
     t.rope_scaling.mrope_section = vec![12, 10, 10];
+    // A code predictor whose layers q8_0 and the k-quants hold (48 wide, they stay f32): the
+    // crate's kernels multiply them, and streams batch in one graph as the released models do.
+    let c = &mut t.code_predictor_config;
+    (c.hidden_size, c.intermediate_size, c.head_dim) = (256, 512, 64);
+    cfg
+}
+
+/// [`tiny_talker_256`] with the tiny config's code predictor (48 wide: its layers stay f32).
+pub fn narrow_code_predictor() -> qtts::model::config::CheckpointConfig {
+    let mut cfg = tiny_talker_256();
+    cfg.tts.talker_config.code_predictor_config =
+        qtts::model::testing::tiny_config(qtts::model::config::Preset::Small06CustomVoice, true)
+            .tts
+            .talker_config
+            .code_predictor_config;
     cfg
 }
 
