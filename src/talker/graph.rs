@@ -234,8 +234,9 @@ impl Layers {
 
     /// The graph of `rows` rows over the cache in `cache`, written at `at`; returns its outputs
     /// (cache writes first, then `out.hidden` and `out.logits`). Inputs: `in.rows`, `in.pos`,
-    /// `in.mask` when there is more than one row or the positions are [`At::Block`]'s, and
-    /// `in.vidx` for [`At::Block`] (see [`Kv::Indexed`]).
+    /// `in.mask` (f16 under flash attention, unless a step's row attends in one node; f32 on the
+    /// exact path for more than one row or [`At::Block`]'s positions), and `in.vidx` for
+    /// [`At::Block`] (see [`Kv::Indexed`]).
     fn build<'a>(
         &'a self,
         c: &'a Context,
@@ -258,7 +259,9 @@ impl Layers {
             At::Fixed(p0) => p0 + rows,
             At::Block { n_kv } => n_kv,
         };
-        let mask = if flash && self.attends_row_itself(rows) {
+        // A step's row may attend in one node; a prefill's rows always go to flash attention.
+        let step = matches!(at, At::Block { .. });
+        let mask = if flash && step && self.attends_row_itself(rows) {
             None
         } else if flash {
             Some(
@@ -567,8 +570,25 @@ impl<'l> State<'l> {
 
     /// Computes `rows` (whole rows of the talker's width) at positions `p0..` on `pool`; their
     /// keys and values replace the cache's at those positions, and attention reads positions
-    /// `0..p0 + rows`.
+    /// `0..p0 + rows`. One row is a step (its block's graph).
     pub fn run(&mut self, rows: &[f32], p0: usize, pool: &Threadpool) -> Result<(), GgmlError> {
+        self.compute(rows, p0, pool, true)
+    }
+
+    /// [`State::run`] for a prefill's rows, one or many, always by a graph of their own
+    /// positions (ggml's flash attention with a mask): a prefill after a reused prefix gives its
+    /// rows the bits that the whole prompt's prefill gives them, even when one row is left.
+    pub fn prefill(&mut self, rows: &[f32], p0: usize, pool: &Threadpool) -> Result<(), GgmlError> {
+        self.compute(rows, p0, pool, false)
+    }
+
+    fn compute(
+        &mut self,
+        rows: &[f32],
+        p0: usize,
+        pool: &Threadpool,
+        step: bool,
+    ) -> Result<(), GgmlError> {
         let layers = self.layers;
         let h = layers.n_embd;
         let n = rows.len() / h.max(1);
@@ -583,7 +603,7 @@ impl<'l> State<'l> {
             });
         }
         let pos = [p0 as i32];
-        if n == 1 {
+        if n == 1 && step {
             let block = p0 / BLOCK;
             let n_kv = ((block + 1) * BLOCK).min(self.n_ctx);
             if self.step.as_ref().map(|s| s.0) != Some(block) {
@@ -637,7 +657,7 @@ impl<'l> State<'l> {
         let mask = qwen3::causal_mask(n, p0);
         if self.flash {
             t("in.mask")?.write_bytes(&f16_mask(&mask))?;
-        } else {
+        } else if n > 1 {
             t("in.mask")?.write_f32(&mask)?;
         }
         g.compute(pool)?;

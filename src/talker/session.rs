@@ -228,7 +228,7 @@ impl<'t> Session<'t> {
             }
             Backend::Graph { state, own_pool } => {
                 let pool = graph_pool(self.pools.map(|p| p.1), own_pool)?;
-                state.run(&prompt.rows[self.reused * h..], self.reused, pool)?;
+                state.prefill(&prompt.rows[self.reused * h..], self.reused, pool)?;
             }
         }
         if !self.exact {
