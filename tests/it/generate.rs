@@ -486,7 +486,9 @@ fn a_shared_prompt_prefix_is_reused_and_changes_nothing() {
     }
 }
 
-fn shared_prefix_is_reused(talker: &Talker) {
+/// Two streaming prompts of one voice, "Hello there." and "Goodbye now.": they differ in their
+/// last row only.
+fn two_prompts(talker: &Talker) -> (qtts::talker::Prompt, qtts::talker::Prompt) {
     let prompt = |text: &str| {
         talker
             .prompt(
@@ -496,7 +498,11 @@ fn shared_prefix_is_reused(talker: &Talker) {
             )
             .unwrap()
     };
-    let (a, b) = (prompt("Hello there."), prompt("Goodbye now."));
+    (prompt("Hello there."), prompt("Goodbye now."))
+}
+
+fn shared_prefix_is_reused(talker: &Talker) {
+    let (a, b) = two_prompts(talker);
     let h = talker.n_embd();
     // Prompts of one voice in streaming mode differ in their last row only.
     let shared = a
@@ -566,16 +572,7 @@ fn a_reused_prefix_gives_a_quantized_talker_the_bits_of_a_fresh_prefill() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for kernel in kernels {
         let talker = Talker::load_with(&out.talker, Runtime::Graph(kernel)).unwrap();
-        let prompt = |text: &str| {
-            talker
-                .prompt(
-                    &TextInput::Text(text.into()),
-                    &vivian(),
-                    TextMode::Streaming,
-                )
-                .unwrap()
-        };
-        let (a, b) = (prompt("Hello there."), prompt("Goodbye now."));
+        let (a, b) = two_prompts(&talker);
         let opts = GenOptions::from_config(&talker.generation_config().clone(), 3);
         let mut fresh = Session::new(&talker, 128, 1, None, false).unwrap();
         fresh.start(&b, &opts).unwrap();
