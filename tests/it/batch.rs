@@ -236,7 +236,6 @@ fn code_predictor_frames_in_a_batch_are_each_rows_own() {
         top_k: 50,
         top_p: 1.0,
     };
-    let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for (kernel, ((_tmp, out), batched)) in kernels()
         .into_iter()
         .flat_map(|k| models.iter().map(move |m| (k, m)))
@@ -275,7 +274,7 @@ fn code_predictor_frames_in_a_batch_are_each_rows_own() {
                         &hidden[r],
                         code0(r),
                         &mut |_, l| {
-                            logits.extend(bits(l));
+                            logits.extend(common::bits(l));
                             s.sample(l, &params)
                         },
                         None,
@@ -291,7 +290,7 @@ fn code_predictor_frames_in_a_batch_are_each_rows_own() {
                 let mut logits = vec![Vec::new(); n];
                 let got = cp
                     .frames(&pool, &inputs, &mut |r, _, l| {
-                        logits[r].extend(bits(l));
+                        logits[r].extend(common::bits(l));
                         samplers[r].sample(l, &params)
                     })
                     .unwrap();
@@ -639,10 +638,7 @@ fn a_request_that_ends_while_its_reader_is_behind_is_answered_once_read() {
         assert_eq!(summary.codes, alone.0, "round {round}");
         let got = samples.lock().unwrap().clone();
         assert_eq!(got.len(), alone.1.len(), "round {round}");
-        assert!(got
-            .iter()
-            .zip(&alone.1)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert_eq!(common::bits(&got), common::bits(&alone.1), "round {round}");
         assert_eq!(summary.samples, got.len(), "round {round}");
     }
 }

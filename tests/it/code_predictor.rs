@@ -325,8 +325,7 @@ fn q8_heads_are_bit_identical_across_kernels_and_close_to_f32() {
                 let mut hk = q8.clone();
                 hk.set_kernel(*k);
                 hk.logits(g, &h, &mut got);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "{k:?}");
+                assert_eq!(common::bits(&got), common::bits(&want), "{k:?}");
             }
         }
     }
@@ -511,14 +510,13 @@ fn check_packed_against_scalar(ty: OutType) {
         return;
     };
     let scale = packed.1.iter().fold(0f32, |a, v| a.max(v.abs()));
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     eprintln!(
         "packed {ty:?} vs scalar: max {:e} of {scale}",
         max_abs(&packed.1, &scalar.1)
     );
     assert_eq!(packed.0, scalar.0, "codes, packed vs scalar");
     assert!(
-        bits(&packed.1) == bits(&scalar.1),
+        common::bits(&packed.1) == common::bits(&scalar.1),
         "logits, packed vs scalar: max {}",
         max_abs(&packed.1, &scalar.1)
     );
@@ -687,9 +685,8 @@ fn a_frames_logits_are_the_same_on_any_number_of_threads() {
                 .map(|p| greedy_frame(&mut cp, kernel, p, &hidden, 7))
                 .collect();
             for (t, r) in runs.iter().enumerate().skip(1) {
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert!(
-                    r.0 == runs[0].0 && bits(&r.1) == bits(&runs[0].1),
+                    r.0 == runs[0].0 && common::bits(&r.1) == common::bits(&runs[0].1),
                     "model {m}, {heads} heads, {kernel:?}: {} threads differ from 1 by {}",
                     t + 1,
                     max_abs(&r.1, &runs[0].1)

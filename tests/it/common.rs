@@ -125,11 +125,17 @@ pub fn tiny_talker_256() -> qtts::model::config::CheckpointConfig {
     let t = &mut cfg.tts.talker_config;
     (t.hidden_size, t.intermediate_size, t.head_dim) = (256, 512, 64);
     t.rope_scaling.mrope_section = vec![12, 10, 10];
-    // A code predictor whose layers q8_0 and the k-quants hold (48 wide, they stay f32): the
-    // crate's kernels multiply them, and streams batch in one graph as the released models do.
+    // The code predictor as wide, so that q8_0 and the k-quants hold its layers too (at the tiny
+    // config's 48 they stay f32): the crate's kernels multiply them, and streams batch in one
+    // graph as the released models' do.
     let c = &mut t.code_predictor_config;
     (c.hidden_size, c.intermediate_size, c.head_dim) = (256, 512, 64);
     cfg
+}
+
+/// Each value's bits: what "the same to the bit" compares.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// [`tiny_talker_256`] with the tiny config's code predictor (48 wide: its layers stay f32).

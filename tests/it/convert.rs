@@ -4,6 +4,8 @@
 
 use crate::common;
 
+use common::bits;
+
 use std::collections::HashMap;
 
 use qtts::gguf::{GgmlType, GgufFile};
@@ -30,10 +32,6 @@ fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 #[test]

@@ -569,7 +569,6 @@ fn a_reused_prefix_gives_a_quantized_talker_the_bits_of_a_fresh_prefill() {
     if LayerKernel::fastest() == LayerKernel::Packed {
         kernels.push(LayerKernel::Packed);
     }
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for kernel in kernels {
         let talker = Talker::load_with(&out.talker, Runtime::Graph(kernel)).unwrap();
         let (a, b) = two_prompts(&talker);
@@ -582,13 +581,13 @@ fn a_reused_prefix_gives_a_quantized_talker_the_bits_of_a_fresh_prefill() {
         warm.start(&b, &opts).unwrap();
         assert_eq!(warm.reused_rows(), b.len() - 1, "{kernel:?}");
         assert_eq!(
-            bits(warm.raw_logits().unwrap()),
-            bits(fresh.raw_logits().unwrap()),
+            common::bits(warm.raw_logits().unwrap()),
+            common::bits(fresh.raw_logits().unwrap()),
             "{kernel:?}: logits"
         );
         assert_eq!(
-            bits(warm.hidden()),
-            bits(fresh.hidden()),
+            common::bits(warm.hidden()),
+            common::bits(fresh.hidden()),
             "{kernel:?}: hidden"
         );
     }
