@@ -1,7 +1,8 @@
 //! The streaming decoder on the full-size geometry: ms per frame when fed 1, 2 and 4 frames per call,
 //! on 1 and 2 threads, with ggml's f32 products (the in-run baseline), the host products
-//! (`Context::conv_gemm`, the default) from f32 and f16 files, every matrix as q8_0 at load, and
-//! the residual units' k = 7 convs in 8 bits (`Products::HostInt8`).
+//! (`Context::conv_gemm`) from f32 and f16 files, their weights stored as f16 (`Products::HostF16`),
+//! every matrix as q8_0 at load, and the residual units' k = 7 convs in 8 bits
+//! (`Products::HostInt8`).
 //! The decoder's ≈ 5 GFLOP per frame (MODEL-NOTES.md §7) gives GFLOP/s. Then the fused SnakeBeta
 //! against the five ggml ops it replaced (`snakebeta` group), host f32 and q8_0 matrices, 1
 //! thread, 1 frame per call. Then SnakeBeta's row kernels alone (`snakebeta rows` group).
@@ -41,6 +42,7 @@ fn bench(c: &mut Criterion) {
             None,
         ),
         ("host f32", OutType::F32, false, Products::HostF32, None),
+        ("host f16", OutType::F32, false, Products::HostF16, None),
         (
             "host f32 from f16 file",
             OutType::F16,

@@ -5,7 +5,7 @@
 //! Runs interleave (pipelined, serial) `QTTS_BENCH_RUNS` times (3) after one warm-up each; the
 //! medians and their ratio are printed, then the pipelined run's per-stage percentile table.
 //! Weights: `QTTS_BENCH_TYPE` (q4_k, q8_0, f16, f32; default q4_k), from `QTTS_BENCH_MODELS` or
-//! made once under the target directory. `QTTS_BENCH_DECODER` (f32, bf16, q8_0; default: the
+//! made once under the target directory. `QTTS_BENCH_DECODER` (f32, f16, int8, bf16, q8_0; default: the
 //! engine's, bf16 where the CPU has AMX) picks the decoder's matrices. `QTTS_BENCH_PLAN` changes
 //! the default plan: `shared` gives the decoder 2 threads over both cores (the talker and the code
 //! predictor keep core 0), `code-predictor-shared` gives them to the code predictor (the decoder keeps core 1,
@@ -49,6 +49,8 @@ fn main() {
     let mut config = EngineConfig {
         decoder: match std::env::var("QTTS_BENCH_DECODER").as_deref() {
             Ok("f32") => DecoderWeights::F32,
+            Ok("f16") => DecoderWeights::F16,
+            Ok("int8") => DecoderWeights::Int8,
             Ok("bf16") => DecoderWeights::Bf16,
             Ok("q8_0") => DecoderWeights::Q8_0,
             _ => DecoderWeights::fastest(),

@@ -287,6 +287,7 @@ fn main() {
         report(&format!("bf16 matrices by {k:?}"), &b);
     }
     report("q8_0 matrices", &decode(DecoderWeights::Q8_0));
+    report("f16 weights", &decode(DecoderWeights::F16));
     // Each file's decoder as the engine loads it by default: the matrices in the file's types.
     let default = DecoderWeights::fastest();
     for &ty in &types {

@@ -140,7 +140,8 @@ impl<'a> Builder<'a> {
     /// Whether the weight matrix `w` is stored in f32 panels ([`crate::kernels::panel`]; its
     /// `<name>.panel` stand-in marks it), which only [`Context::conv_gemm_panel`] reads.
     pub(super) fn panel(&self, w: Tensor<'a>) -> bool {
-        w.is_type(GgmlType::F32) && self.w.get(&format!("{}.panel", w.name())).is_some()
+        (w.is_type(GgmlType::F32) || w.is_type(GgmlType::F16))
+            && self.w.get(&format!("{}.panel", w.name())).is_some()
     }
 
     /// SnakeBeta `name` of `x`, after the left context in state tensor `hist`: as

@@ -35,6 +35,9 @@ pub(super) struct Loader<'f> {
     /// as f32 panels ([`crate::kernels::panel::pack`]), marked by a `<name>.panel` stand-in, so
     /// that the graph computes all of them on the host (no packing per call: few rows pay too).
     pub(super) panel: bool,
+    /// With `panel`: store the panel matrices [`super::f16_layer`] names as f16
+    /// ([`crate::kernels::panel::pack_f16`]) where the tier's panel kernel reads them.
+    pub(super) f16: bool,
     /// The tensor the previous [`Loader::source`] call read: each loading function reads one, so
     /// its pages are released (see [`GgufFile::release`]) when the next is read, and the file is
     /// never resident as a whole.
@@ -99,7 +102,8 @@ impl Loader<'_> {
     /// A host product's f32 matrix `v` (`[k, n]`): as 8-bit integers when [`Loader::int8`] and
     /// [`super::int8_layer`] name it and they fit, as bf16 tiles when [`Loader::bf16`] and the tiles fit its `k / taps` input
     /// channels, as f32 panels when [`Loader::panel`] and its
-    /// columns fit them, else as f32.
+    /// columns fit them (f16 panels with [`Loader::f16`] where [`super::f16_layer`] names it),
+    /// else as f32.
     pub(super) fn put_host(
         &self,
         name: &str,
@@ -120,6 +124,15 @@ impl Loader<'_> {
                 // Tile rows on cache lines (see `bf16::LINE`).
                 let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
                 return self.put_lines(name, GgmlType::BF16, [k, n], &bytes, bf16::LINE);
+            }
+        }
+        let reads_f16 = panel::Kernel::active().is_some_and(panel::Kernel::reads_f16);
+        if self.panel && !self.bf16 && self.f16 && reads_f16 && super::f16_layer(name) {
+            if let Some(p) = panel::pack_f16(v, k, n) {
+                // Panel rows on half cache lines (see `panel::LINE`).
+                let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
+                self.put_lines(name, GgmlType::F16, [k, n], &bytes, panel::LINE)?;
+                return self.put(&format!("{name}.panel"), GgmlType::F32, &[1], &[0; 4]);
             }
         }
         if self.panel && !self.bf16 {
@@ -143,7 +156,7 @@ impl Loader<'_> {
         ne: [usize; 2],
         data: &[u8],
     ) -> Result<(), ModelError> {
-        if self.bf16 && matches!(ty, GgmlType::F32 | GgmlType::F16) {
+        if (self.bf16 || self.panel) && matches!(ty, GgmlType::F32 | GgmlType::F16) {
             let v = crate::ffi::dequantize(ty, data, ne[0] * ne[1]).map_err(ModelError::from)?;
             return self.put_host(name, &v, ne[0], ne[1], 1);
         }

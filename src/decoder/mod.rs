@@ -35,7 +35,7 @@ pub use state::DecoderState;
 mod graph;
 mod load;
 mod products;
-pub use products::{int8_layer, Products};
+pub use products::{f16_layer, int8_layer, Products};
 
 use graph::build_chunk;
 use load::Loader;
@@ -378,8 +378,12 @@ impl Decoder {
             bf16: host && products == Products::HostBf16,
             int8: host && products == Products::HostInt8,
             panel: host
-                && matches!(products, Products::HostF32 | Products::HostInt8)
+                && matches!(
+                    products,
+                    Products::HostF32 | Products::HostF16 | Products::HostInt8
+                )
                 && crate::kernels::panel::Kernel::active().is_some(),
+            f16: host && matches!(products, Products::HostF16 | Products::HostInt8),
             last: Default::default(),
         };
         let p = "a.gen.wav";

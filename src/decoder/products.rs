@@ -26,7 +26,16 @@ pub enum Products {
     /// panels for the others: not exact (each input row and each weight run rounded to 8 bits,
     /// see [`crate::kernels::int8`]), a quarter of f32's memory for those. Only where the tier
     /// has an [`crate::kernels::int8::Kernel`] (AVX-512 VNNI, AVX-VNNI or NEON's `sdot`).
+    /// The others are stored as [`Products::HostF16`] stores them.
     HostInt8,
+    /// [`Products::HostF32`] with the matrices [`f16_layer`] names stored as f16 panels
+    /// ([`crate::kernels::panel::pack_f16`]) where the tier's panel kernel reads f16 (AVX2 with
+    /// F16C, AVX-512), widened exactly in registers: the products stay f32, of weights rounded
+    /// to 11 significant bits. Half the bytes to stream per call, which the products of few rows
+    /// spend their time on. Weights that were bf16 (the released checkpoints') are f16 values
+    /// unless under 2^-14 in magnitude: on the full-size random decoder the waveform ends 109 dB
+    /// from f32.
+    HostF16,
 }
 
 /// The matrices that [`Products::HostInt8`] stores in 8 bits: the residual units' k = 7 convs,
@@ -37,4 +46,14 @@ pub enum Products {
 /// (docs/perf-log/2026-12-07-int8-decoder.md). The others stay f32 (panels).
 pub fn int8_layer(name: &str) -> bool {
     name.contains(".dac.blk.") && name.contains(".res.") && name.ends_with(".conv1.weight")
+}
+
+/// The matrices that [`Products::HostF16`] and [`Products::HostInt8`] store as f16 panels: those
+/// read for at most 4 rows a frame (the quantizer's projections, the pre-conv, the transformer,
+/// the ConvNeXt upsamplers, the DAC's entry conv and first transposed conv), about 80 M of the
+/// decoder's 114 M values. Their products stream weights from memory, so half the bytes is
+/// nearly half the time; the DAC's later products compute more than they read, and widening
+/// costs them on AVX2 (docs/perf-log/2026-12-07-f16-panels.md).
+pub fn f16_layer(name: &str) -> bool {
+    !name.contains(".dac.blk.") || name.contains(".dac.blk.0.conv.")
 }

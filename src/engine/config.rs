@@ -14,6 +14,11 @@ use crate::talker::Runtime as TalkerRuntime;
 pub enum DecoderWeights {
     /// f32, the heavy products on the host ([`crate::ffi::Context::conv_gemm`]): exact.
     F32,
+    /// f32 products of weights stored as f16 ([`crate::decoder::Products::HostF16`]) where the
+    /// tier's panel kernel reads them (AVX2, AVX-512; elsewhere the same as f32): half the
+    /// weight bytes, 109 dB from f32 on random weights (bf16 checkpoints' weights are f16
+    /// values but for the smallest).
+    F16,
     /// bf16 ([`crate::decoder::Products::HostBf16`]) on AMX tiles or with AVX-512 BF16 dot
     /// products: 2-3x faster than f32 where the kernel tier has either, about 32 dB from f32 on
     /// random weights; an error elsewhere.
@@ -22,8 +27,8 @@ pub enum DecoderWeights {
     /// slower than the host products.
     Q8_0,
     /// The residual units' k = 7 convs in 8-bit integers ([`crate::decoder::Products::HostInt8`],
-    /// `vpdpbusd` on AVX-512 VNNI or AVX-VNNI), the rest f32: about 31.6 dB from f32 on random
-    /// weights (bf16: 31.7); an error on a tier without either.
+    /// `vpdpbusd` on AVX-512 VNNI or AVX-VNNI), the rest as [`DecoderWeights::F16`]: about
+    /// 31.6 dB from f32 on random weights (bf16: 31.7); an error on a tier without either.
     Int8,
 }
 
@@ -38,7 +43,8 @@ impl DecoderWeights {
     /// outruns the others (AMX tiles, or AVX-512 BF16 where `vdpbf16ps` outruns f32 FMA,
     /// [`crate::kernels::Features::bf16_dot_fast`]), else int8 where it has integer dot products
     /// (AVX-512 VNNI or AVX-VNNI: an Intel Xeon without AMX, Alder Lake and later, N100), else
-    /// f32 (exact). PERFORMANCE.md has the measurements behind each choice; on ARM the int8
+    /// f16 weights (the same as f32 where the panel kernel reads f32 only: NEON, the scalar
+    /// tier). PERFORMANCE.md has the measurements behind each choice; on ARM the int8
     /// decoder (`sdot`) runs on request only, its speed not yet measured there.
     pub fn fastest_for(tier: crate::kernels::Tier) -> Self {
         let caps = tier.caps();
@@ -50,17 +56,18 @@ impl DecoderWeights {
         ) {
             DecoderWeights::Int8
         } else {
-            DecoderWeights::F32
+            DecoderWeights::F16
         }
     }
 
     /// Whether the products of this type have a kernel on `tier` (bf16 needs AMX-BF16 or
-    /// AVX-512 BF16, int8 AVX-512 VNNI, AVX-VNNI or NEON's `sdot`; f32 and q8_0 run everywhere).
+    /// AVX-512 BF16, int8 AVX-512 VNNI, AVX-VNNI or NEON's `sdot`; f32, f16 and q8_0 run
+    /// everywhere).
     pub fn runs_on(self, tier: crate::kernels::Tier) -> bool {
         match self {
             DecoderWeights::Bf16 => crate::kernels::bf16::Kernel::for_caps(tier.caps()).is_some(),
             DecoderWeights::Int8 => crate::kernels::int8::Kernel::for_caps(tier.caps()).is_some(),
-            DecoderWeights::F32 | DecoderWeights::Q8_0 => true,
+            DecoderWeights::F32 | DecoderWeights::F16 | DecoderWeights::Q8_0 => true,
         }
     }
 
@@ -71,6 +78,9 @@ impl DecoderWeights {
             (DecoderWeights::Bf16, _) => {
                 Decoder::load_options(f, None, crate::decoder::Products::HostBf16)
             }
+            (DecoderWeights::F16, _) => {
+                Decoder::load_options(f, None, crate::decoder::Products::HostF16)
+            }
             (DecoderWeights::Q8_0, _) => Decoder::load_with(f, Some(crate::gguf::GgmlType::Q8_0)),
             (DecoderWeights::Int8, _) => {
                 Decoder::load_options(f, None, crate::decoder::Products::HostInt8)
@@ -78,10 +88,11 @@ impl DecoderWeights {
         }
     }
 
-    /// The name `qtts` takes and prints: `f32`, `bf16`, `q8_0`, `int8`.
+    /// The name `qtts` takes and prints: `f32`, `f16`, `bf16`, `q8_0`, `int8`.
     pub fn name(self) -> &'static str {
         match self {
             DecoderWeights::F32 => "f32",
+            DecoderWeights::F16 => "f16",
             DecoderWeights::Bf16 => "bf16",
             DecoderWeights::Q8_0 => "q8_0",
             DecoderWeights::Int8 => "int8",

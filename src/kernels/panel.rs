@@ -55,7 +55,7 @@ impl Kernel {
     pub fn for_caps(caps: Features) -> Option<Kernel> {
         if caps.avx512 {
             Some(Kernel::Avx512)
-        } else if caps.avx2 && caps.fma {
+        } else if caps.avx2 && caps.fma && caps.f16c {
             Some(Kernel::Avx2)
         } else if caps.neon {
             Some(Kernel::Neon)
@@ -74,11 +74,25 @@ impl Kernel {
         let f = Features::get();
         match self {
             Kernel::Scalar => true,
-            Kernel::Avx2 => f.avx2 && f.fma,
+            Kernel::Avx2 => f.avx2 && f.fma && f.f16c,
             Kernel::Avx512 => f.avx512,
             Kernel::Neon => f.neon,
         }
     }
+
+    /// Whether the kernel reads f16 panels ([`pack_f16`], [`conv_f16`]): all but NEON's (whose
+    /// f16 intrinsics Rust has not stabilized).
+    pub fn reads_f16(self) -> bool {
+        self != Kernel::Neon
+    }
+}
+
+/// A packed matrix's values: f32 ([`pack`]), or f16 bits ([`pack_f16`]) widened as they are
+/// read, which is exact: the products are then f32 products of the rounded weights.
+#[derive(Clone, Copy, Debug)]
+enum Weights {
+    F32(*const f32),
+    F16(*const u16),
 }
 
 /// Shape of one [`conv`] call: the bf16 kernels' ([`super::bf16::Conv`]).
@@ -125,6 +139,18 @@ pub fn pack(w: &[f32], k: usize, n: usize) -> Option<Vec<f32>> {
     Some(out)
 }
 
+/// [`pack`] with each value rounded to the nearest f16 (its bits): half the bytes to stream, for
+/// the products that read their weights for few rows. `None` as [`pack`], and when a value is
+/// out of f16's range (its magnitude above 65504, or not finite).
+pub fn pack_f16(w: &[f32], k: usize, n: usize) -> Option<Vec<u16>> {
+    let out: Vec<u16> = pack(w, k, n)?
+        .into_iter()
+        .map(|v| half::f16::from_f32(v).to_bits())
+        .collect();
+    let finite = out.iter().all(|&b| half::f16::from_bits(b).is_finite());
+    finite.then_some(out)
+}
+
 /// Output blocks `b0..b1` (of [`blocks`]) of the causal conv of the f32 input rows `x`
 /// (`t_out + (taps − 1) · dilation` rows of `c_in`) by the packed kernel `w`, into the f32 rows
 /// `y` (`t_out` of `n`), by `kernel`. After each block is stored, `then(rows, columns)` is called
@@ -140,6 +166,41 @@ pub unsafe fn conv(
     x: *const f32,
     y: *mut f32,
     s: Conv,
+    blocks: (usize, usize),
+    then: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>),
+) {
+    // SAFETY: the caller's contract.
+    unsafe { conv_weights(kernel, Weights::F32(w), x, y, s, blocks, then) }
+}
+
+/// [`conv`] with the kernel matrix packed as f16 ([`pack_f16`]): the same arithmetic on the
+/// widened weights, so the scalar twin's bits on every kernel.
+///
+/// # Safety
+/// As [`conv`], `w` holding `taps · c_in · n` packed f16 values, and `kernel.reads_f16()`.
+pub unsafe fn conv_f16(
+    kernel: Kernel,
+    w: *const u16,
+    x: *const f32,
+    y: *mut f32,
+    s: Conv,
+    blocks: (usize, usize),
+    then: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>),
+) {
+    // SAFETY: the caller's contract.
+    unsafe { conv_weights(kernel, Weights::F16(w), x, y, s, blocks, then) }
+}
+
+/// [`conv`] and [`conv_f16`].
+///
+/// # Safety
+/// As theirs.
+unsafe fn conv_weights(
+    kernel: Kernel,
+    w: Weights,
+    x: *const f32,
+    y: *mut f32,
+    s: Conv,
     (b0, b1): (usize, usize),
     mut then: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>),
 ) {
@@ -147,16 +208,40 @@ pub unsafe fn conv(
         let (nb, rows) = super::bf16::block(s.t_out, b);
         // SAFETY: the caller's contract; rows below t_out, columns of block nb < n.
         unsafe {
-            match kernel {
-                Kernel::Scalar => block_scalar(w, x, y, s, nb, rows.clone()),
+            match (kernel, w) {
+                (Kernel::Scalar, w) => block_scalar(w, x, y, s, nb, rows.clone()),
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Avx512 => super::x86::avx512::panel_block(w, x, y, s, nb, rows.clone()),
+                (Kernel::Avx512, Weights::F32(w)) => super::x86::avx512::panel_block::<false>(
+                    w.cast(),
+                    x,
+                    y,
+                    s,
+                    nb,
+                    rows.clone(),
+                ),
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Avx2 => super::x86::avx2::panel_block(w, x, y, s, nb, rows.clone()),
+                (Kernel::Avx512, Weights::F16(w)) => super::x86::avx512::panel_block::<true>(
+                    w.cast(),
+                    x,
+                    y,
+                    s,
+                    nb,
+                    rows.clone(),
+                ),
+                #[cfg(target_arch = "x86_64")]
+                (Kernel::Avx2, Weights::F32(w)) => {
+                    super::x86::avx2::panel_block::<false>(w.cast(), x, y, s, nb, rows.clone())
+                }
+                #[cfg(target_arch = "x86_64")]
+                (Kernel::Avx2, Weights::F16(w)) => {
+                    super::x86::avx2::panel_block::<true>(w.cast(), x, y, s, nb, rows.clone())
+                }
                 #[cfg(target_arch = "aarch64")]
-                Kernel::Neon => super::aarch64::neon::panel_block(w, x, y, s, nb, rows.clone()),
+                (Kernel::Neon, Weights::F32(w)) => {
+                    super::aarch64::neon::panel_block(w, x, y, s, nb, rows.clone())
+                }
                 #[allow(unreachable_patterns)]
-                _ => unreachable!("{kernel:?} is not available here (`Kernel::available`)"),
+                _ => unreachable!("{kernel:?} does not read {w:?} here (`Kernel::available`, `Kernel::reads_f16`)"),
             }
         }
         then(rows, nb * BLOCK..(nb + 1) * BLOCK);
@@ -168,7 +253,7 @@ pub unsafe fn conv(
 /// # Safety
 /// As [`conv`].
 unsafe fn block_scalar(
-    w: *const f32,
+    w: Weights,
     x: *const f32,
     y: *mut f32,
     s: Conv,
@@ -178,19 +263,26 @@ unsafe fn block_scalar(
     let k = s.taps * s.c_in;
     for t in rows {
         for o in nb * BLOCK..(nb + 1) * BLOCK {
-            let panel = w.wrapping_add((o / PANEL) * PANEL * k + o % PANEL);
+            // Offset of weight (0, o) in the packed matrix.
+            let panel = (o / PANEL) * PANEL * k + o % PANEL;
             let mut total = None;
             for j in 0..s.taps {
                 for c0 in (0..s.c_in).step_by(CHAIN) {
                     let mut acc = 0f32;
                     for c in c0..(c0 + CHAIN).min(s.c_in) {
                         let r = j * s.c_in + c;
-                        // SAFETY: input row t + j · dilation < t_out + span, weight (r, o)
-                        // inside `w`.
-                        unsafe {
-                            let xv = *x.add((t + j * s.dilation) * s.c_in + c);
-                            acc = xv.mul_add(*panel.add(r * PANEL), acc);
-                        }
+                        // SAFETY: weight (r, o) inside `w`.
+                        let wv = unsafe {
+                            match w {
+                                Weights::F32(w) => *w.add(panel + r * PANEL),
+                                Weights::F16(w) => {
+                                    half::f16::from_bits(*w.add(panel + r * PANEL)).to_f32()
+                                }
+                            }
+                        };
+                        // SAFETY: input row t + j · dilation < t_out + span.
+                        let xv = unsafe { *x.add((t + j * s.dilation) * s.c_in + c) };
+                        acc = xv.mul_add(wv, acc);
                     }
                     total = Some(total.map_or(acc, |t: f32| t + acc));
                 }
@@ -233,34 +325,46 @@ mod tests {
                 };
                 let k = taps * c_in;
                 let w = pack(&values(k * n, 1), k, n).unwrap();
+                // f16 panels, and f32 panels of the same values widened.
+                let w16 = pack_f16(&values(k * n, 1), k, n).unwrap();
+                let widened: Vec<f32> = w16
+                    .iter()
+                    .map(|&b| half::f16::from_bits(b).to_f32())
+                    .collect();
                 let x = values((t_out + (taps - 1) * dilation) * c_in, 2);
                 let all = blocks(t_out, n);
-                let run = |kernel, shares: &[(usize, usize)]| {
+                let run = |kernel, w: Weights, shares: &[(usize, usize)]| {
                     let mut y = vec![f32::NAN; t_out * n];
                     for &share in shares {
-                        // SAFETY: the kernel is available; `w` holds k · n packed values, `x`
-                        // the input rows, `y` the output rows.
+                        // SAFETY: the kernel is available (and reads f16 when `w` is); `w` holds
+                        // k · n packed values, `x` the input rows, `y` the output rows.
                         unsafe {
-                            conv(
-                                kernel,
-                                w.as_ptr(),
-                                x.as_ptr(),
-                                y.as_mut_ptr(),
-                                s,
-                                share,
-                                |_, _| {},
-                            )
+                            conv_weights(kernel, w, x.as_ptr(), y.as_mut_ptr(), s, share, |_, _| {})
                         };
                     }
                     y
                 };
-                let twin = run(Kernel::Scalar, &[(0, all)]);
-                let got = run(kernel, &[(0, all / 2), (all / 2, all)]);
-                let same = got
-                    .iter()
-                    .zip(&twin)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{kernel:?} {s:?}: not the twin's bits");
+                let bits =
+                    |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+                let halves = [(0, all / 2), (all / 2, all)];
+                let twin = run(Kernel::Scalar, Weights::F32(w.as_ptr()), &[(0, all)]);
+                let got = run(kernel, Weights::F32(w.as_ptr()), &halves);
+                assert!(bits(&got, &twin), "{kernel:?} {s:?}: not the twin's bits");
+                if !kernel.reads_f16() {
+                    eprintln!("panel kernel {kernel:?}: f16 panels skipped, it reads f32 only");
+                    continue;
+                }
+                // f16 panels: the f32 twin's bits on the widened weights, from the twin and the
+                // kernel.
+                let want = run(Kernel::Scalar, Weights::F32(widened.as_ptr()), &[(0, all)]);
+                assert!(want != twin, "the f16 rounding changes these products");
+                for (kernel, shares) in [(Kernel::Scalar, &[(0, all)][..]), (kernel, &halves)] {
+                    let got = run(kernel, Weights::F16(w16.as_ptr()), shares);
+                    assert!(
+                        bits(&got, &want),
+                        "{kernel:?} {s:?}: f16 panels differ from f32 on the widened weights"
+                    );
+                }
             }
         }
     }

@@ -21,6 +21,9 @@ const WAVEFORM_MIN_SNR_DB: f64 = 30.0;
 /// Least SNR of any earlier stage, dB (each later DAC block loses about 3 dB of the errors
 /// before it, so the earlier stages are far above the waveform's).
 const STAGE_MIN_SNR_DB: f64 = 30.0;
+/// Least SNR of the stages before the DAC's residual units, whose only rounding is their f16
+/// weights (`qtts::decoder::f16_layer`), dB: `panel.rs`'s bound for them.
+const F16_MIN_SNR_DB: f64 = 100.0;
 
 /// `conv_gemm_int8` on 1 and 2 ggml threads: the scalar twin's bits plus the bias, then the
 /// residual, as separate adds. The kernel is the tier's (the twin itself where it has none).
@@ -97,7 +100,7 @@ fn conv_gemm_int8_is_the_twin_then_bias_then_residual() {
 const N: usize = 100;
 
 /// Every stage of `voc` over `N` frames of random codes, 4 frames a call (the engine's chunk).
-fn stages(voc: &mut Decoder, pool: &Threadpool) -> BTreeMap<&'static str, Vec<f32>> {
+pub(crate) fn stages(voc: &mut Decoder, pool: &Threadpool) -> BTreeMap<&'static str, Vec<f32>> {
     let codes = common::random_codes(N);
     voc.set_max_chunk(4);
     voc.reset().unwrap();
@@ -114,8 +117,8 @@ fn stages(voc: &mut Decoder, pool: &Threadpool) -> BTreeMap<&'static str, Vec<f3
 }
 
 /// The int8 decoder of the full 0.6B geometry (random weights) against its f32 products on the
-/// same codes: each stage before the DAC's k = 7 convs is exactly f32's, each after within the
-/// gate; decoding again gives the same bits.
+/// same codes: each stage before the DAC's k = 7 convs within the f16 panels' bound (its only
+/// rounding there), each after within the gate; decoding again gives the same bits.
 #[test]
 fn full_size_int8_decoder_keeps_the_quality_gate() {
     use qtts::model::config::Preset;
@@ -137,7 +140,9 @@ fn full_size_int8_decoder_keeps_the_quality_gate() {
         let snr = qtts::metrics::snr_db(&exact[stage], &int8[stage]);
         eprintln!("full-size decoder, {stage}: int8 products {snr:.1} dB from f32");
         if !stage.starts_with("decoder.") || *stage == "decoder.0" {
-            assert_eq!(exact[stage], int8[stage], "{stage}: f32 products there");
+            // f16 weights only there (`f16_layer`).
+            assert!(snr >= F16_MIN_SNR_DB, "{stage}: {snr:.1} dB");
+            assert!(exact[stage] != int8[stage], "{stage}: nothing in f16");
         } else if *stage == "decoder.6" {
             assert!(snr >= WAVEFORM_MIN_SNR_DB, "{stage}: {snr:.1} dB");
         } else {

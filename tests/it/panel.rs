@@ -1,7 +1,8 @@
 //! The decoder's packed f32 products (`qtts::kernels::panel`): every vector kernel this CPU has
 //! gives its scalar twin's bits on any row count, dilation and split of the blocks; the twin is the
 //! exact sum within f32 rounding; through `Context::conv_gemm_panel` (ggml's threads, the bias and
-//! residual epilogue) the same bits again.
+//! residual epilogue) the same bits again. f16 panels give the bits of f32 panels of the widened
+//! weights, and the full-size decoder with them (`Products::HostF16`) stays within a bound of f32.
 
 use qtts::ffi::{Context, GgmlError, Threadpool};
 use qtts::gguf::GgmlType;
@@ -224,6 +225,23 @@ fn conv_gemm_panel_is_the_twin_then_bias_then_residual() {
             .conv_gemm_panel(tw, tx, taps, dilation, Some(tb), Some(tr))
             .unwrap();
         let plain = ctx.conv_gemm(tu, tx, taps, dilation).unwrap();
+        // The same in f16 panels, against the twin on the widened weights.
+        let w16 = panel::pack_f16(&w, k, n).unwrap();
+        let t16 = ctx
+            .new_tensor_aligned(GgmlType::F16, &[k, n], panel::LINE)
+            .unwrap();
+        let bytes: Vec<u8> = w16.iter().flat_map(|b| b.to_le_bytes()).collect();
+        t16.write_bytes(&bytes).unwrap();
+        let y16 = ctx
+            .conv_gemm_panel(t16, tx, taps, dilation, Some(tb), Some(tr))
+            .unwrap();
+        let widened: Vec<f32> = w.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+        let want16: Vec<f32> = run(Kernel::Scalar, &widened, &x, s, 1)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v + bias[i % n]) + residual[i])
+            .collect();
+        assert!(want16 != want, "the f16 rounding changes these products");
         for threads in [1, 2] {
             let pool = Threadpool::new(threads, &[]).unwrap();
             ctx.graph(y).unwrap().compute(&pool).unwrap();
@@ -233,6 +251,20 @@ fn conv_gemm_panel_is_the_twin_then_bias_then_residual() {
                 .zip(&want)
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{s:?} on {threads} threads: not the twin's bits");
+            if kernel.reads_f16() {
+                ctx.graph(y16).unwrap().compute(&pool).unwrap();
+                let same = y16
+                    .to_vec()
+                    .iter()
+                    .zip(&want16)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{s:?} f16 on {threads} threads: not the widened twin's bits"
+                );
+            } else {
+                eprintln!("f16 panels: skipped, {kernel:?} reads f32 only");
+            }
             ctx.graph(plain).unwrap().compute(&pool).unwrap();
             let sgemm = plain.to_vec();
             let tol = k as f32 * 64.0 * f32::EPSILON;
@@ -249,4 +281,43 @@ fn conv_gemm_panel_is_the_twin_then_bias_then_residual() {
         ctx.conv_gemm_panel(tw, tx, 7, 1, None, None),
         Err(GgmlError::Shape { .. })
     ));
+}
+
+/// Least SNR of the decoder with f16 panels (`Products::HostF16`) against f32, at every stage, dB:
+/// the random checkpoint's weights are bf16, as the released ones, and bf16 values are f16 values
+/// unless under 2^-14 in magnitude, so only the smallest weights round (109 dB measured at the
+/// waveform).
+const F16_MIN_SNR_DB: f64 = 100.0;
+
+/// The full-size random decoder with f16 panels against its f32 products on the same codes: every
+/// stage within [`F16_MIN_SNR_DB`] and none the same bits (the f16 matrices are in use); decoding
+/// again gives the same bits.
+#[test]
+fn full_size_f16_decoder_is_within_its_bound_of_f32() {
+    use qtts::decoder::{Decoder, Products};
+    use qtts::model::config::Preset;
+    if !Kernel::active().is_some_and(Kernel::reads_f16) {
+        eprintln!(
+            "f16 decoder: skipped, kernel tier {} has no panel kernel that reads f16",
+            qtts::kernels::active()
+        );
+        return;
+    }
+    let cfg = crate::common::tiny_talker(Preset::Small06CustomVoice);
+    let (_tmp, out) = crate::common::random_converted(&cfg, 3, qtts::model::convert::OutType::F32);
+    let f = qtts::gguf::GgufFile::open(&out.mmproj).unwrap();
+    let pool = Threadpool::new(2, &[]).unwrap();
+    let exact = crate::int8::stages(
+        &mut Decoder::load_options(&f, None, Products::HostF32).unwrap(),
+        &pool,
+    );
+    let mut voc = Decoder::load_options(&f, None, Products::HostF16).unwrap();
+    let f16 = crate::int8::stages(&mut voc, &pool);
+    for stage in qtts::decoder::STAGES {
+        let snr = qtts::metrics::snr_db(&exact[stage], &f16[stage]);
+        eprintln!("full-size decoder, {stage}: f16 panels {snr:.1} dB from f32");
+        assert!(snr >= F16_MIN_SNR_DB, "{stage}: {snr:.1} dB");
+        assert!(exact[stage] != f16[stage], "{stage}: nothing in f16");
+    }
+    assert_eq!(crate::int8::stages(&mut voc, &pool), f16, "decoded again");
 }

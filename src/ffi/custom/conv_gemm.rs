@@ -148,15 +148,15 @@ unsafe extern "C" fn conv_gemm_trampoline(
             let Some(kernel) = panel::Kernel::active() else {
                 return;
             };
-            panel::conv(
-                kernel,
-                (*w).data as *const f32,
-                (*x).data as *const f32,
-                y,
-                s,
-                thread_share(panel::blocks(t_out, c_out), ith, nth),
-                |rows, cols| epilogue.apply(y, c_out, rows, cols),
-            );
+            let share = thread_share(panel::blocks(t_out, c_out), ith, nth);
+            let then = |rows, cols| epilogue.apply(y, c_out, rows, cols);
+            let x = (*x).data as *const f32;
+            if (*w).type_ == sys::GGML_TYPE_F16 {
+                // `conv_gemm_panel` built an f16 node only for a kernel that reads f16.
+                panel::conv_f16(kernel, (*w).data as *const u16, x, y, s, share, then);
+            } else {
+                panel::conv(kernel, (*w).data as *const f32, x, y, s, share, then);
+            }
             return;
         }
         if (*w).type_ == sys::GGML_TYPE_I8 {
@@ -290,10 +290,11 @@ impl Context {
     }
 
     /// [`Context::conv_gemm_then`] with the kernel matrix `w` in f32 panels ([`panel::pack`] of
-    /// the `[taps · c_in, c_out]` matrix, `c_out` a multiple of [`panel::BLOCK`]), computed by
+    /// the `[taps · c_in, c_out]` matrix, `c_out` a multiple of [`panel::BLOCK`]), or in f16
+    /// panels ([`panel::pack_f16`], an f16 tensor) where the kernel reads them, computed by
     /// the process's tier's [`panel::Kernel`]: exact f32 (one fused multiply-add chain per output,
-    /// in the order [`panel`] fixes), no packing per call, so it pays on products of any row
-    /// count. An error on a tier without one (scalar, or off x86-64).
+    /// in the order [`panel`] fixes; f16 weights widened exactly), no packing per call, so it
+    /// pays on products of any row count. An error on a tier without one (scalar).
     pub fn conv_gemm_panel<'a>(
         &'a self,
         w: Tensor<'a>,
@@ -335,8 +336,15 @@ impl Context {
         residual: Option<Tensor<'a>>,
     ) -> Result<Tensor<'a>, GgmlError> {
         if storage == Storage::Panel {
-            Self::dense_f32("conv_gemm panel kernel", w)?;
             let kernel = panel::Kernel::active();
+            if w.is_type(GgmlType::F16) && kernel.is_some_and(panel::Kernel::reads_f16) {
+                // SAFETY: the tensor is live; the contiguity test reads only its shape and strides.
+                if !unsafe { sys::ggml_is_contiguous(w.ptr.as_ptr()) } {
+                    Self::dense_f32("conv_gemm panel kernel", w)?;
+                }
+            } else {
+                Self::dense_f32("conv_gemm panel kernel", w)?;
+            }
             if kernel.is_none() || !panel::fits(w.ne()[1]) {
                 return Err(GgmlError::Shape {
                     what: "conv_gemm panel kernel",

@@ -423,12 +423,12 @@ unsafe fn q4_k_dots<const M: usize, const Q5: bool>(
 
 /// Rows `rows` of column block `nb` of [`crate::kernels::panel::conv`]: each of its two panels
 /// in turn, 6 rows at a time (12 accumulators, two weight vectors and a broadcast in the 16
-/// registers).
+/// registers); the weights `w` are f32, or f16 widened as they are loaded when `F16`.
 ///
 /// # Safety
-/// As [`crate::kernels::panel::conv`], with AVX2 and FMA.
-pub unsafe fn panel_block(
-    w: *const f32,
+/// As [`crate::kernels::panel::conv`], with AVX2, FMA and F16C.
+pub unsafe fn panel_block<const F16: bool>(
+    w: *const u8,
     x: *const f32,
     y: *mut f32,
     s: crate::kernels::panel::Conv,
@@ -440,23 +440,24 @@ pub unsafe fn panel_block(
             // SAFETY: the caller's contract; rows t..t + r lie below `rows.end` <= t_out.
             unsafe {
                 match r {
-                    6 => panel_rows::<6>(w, x, y, s, p, t),
-                    4 => panel_rows::<4>(w, x, y, s, p, t),
-                    2 => panel_rows::<2>(w, x, y, s, p, t),
-                    _ => panel_rows::<1>(w, x, y, s, p, t),
+                    6 => panel_rows::<6, F16>(w, x, y, s, p, t),
+                    4 => panel_rows::<4, F16>(w, x, y, s, p, t),
+                    2 => panel_rows::<2, F16>(w, x, y, s, p, t),
+                    _ => panel_rows::<1, F16>(w, x, y, s, p, t),
                 }
             }
         });
     }
 }
 
-/// Output rows `t..t + R` of panel `p` (16 columns, two vectors of 8).
+/// Output rows `t..t + R` of panel `p` (16 columns, two vectors of 8; f16 weights widened by
+/// `vcvtph2ps` when `F16`, exact).
 ///
 /// # Safety
 /// As [`panel_block`]; rows `t..t + R` are below `t_out`.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn panel_rows<const R: usize>(
-    w: *const f32,
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panel_rows<const R: usize, const F16: bool>(
+    w: *const u8,
     x: *const f32,
     y: *mut f32,
     s: crate::kernels::panel::Conv,
@@ -464,8 +465,11 @@ unsafe fn panel_rows<const R: usize>(
     t: usize,
 ) {
     use crate::kernels::panel::{CHAIN, PANEL};
+    // Bytes of one weight, and of one panel line.
+    let es = if F16 { 2 } else { 4 };
+    let line = PANEL * es;
     let k = s.taps * s.c_in;
-    let wp = w.wrapping_add(p * PANEL * k);
+    let wp = w.wrapping_add(p * k * line);
     let o0 = p * PANEL;
     let out: [*mut f32; R] = std::array::from_fn(|i| y.wrapping_add((t + i) * s.n + o0));
     let mut first = true;
@@ -473,22 +477,31 @@ unsafe fn panel_rows<const R: usize>(
         // Row t + i of this tap: input row t + i + j · dilation, one pointer each.
         let rows: [*const f32; R] =
             std::array::from_fn(|i| x.wrapping_add((t + i + j * s.dilation) * s.c_in));
-        let mut pw = wp.wrapping_add(j * s.c_in * PANEL);
+        let mut pw = wp.wrapping_add(j * s.c_in * line);
         for c0 in (0..s.c_in).step_by(CHAIN) {
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
             for c in c0..(c0 + CHAIN).min(s.c_in) {
                 // SAFETY: weights (j · c_in + c, panel p) inside `w`; input rows t + i +
                 // j · dilation < t_out + span for i < R, channel c < c_in.
                 unsafe {
-                    let bw0 = _mm256_loadu_ps(pw);
-                    let bw1 = _mm256_loadu_ps(pw.add(8));
+                    let (bw0, bw1) = if F16 {
+                        (
+                            _mm256_cvtph_ps(_mm_loadu_si128(pw.cast())),
+                            _mm256_cvtph_ps(_mm_loadu_si128(pw.add(16).cast())),
+                        )
+                    } else {
+                        (
+                            _mm256_loadu_ps(pw.cast()),
+                            _mm256_loadu_ps(pw.add(32).cast()),
+                        )
+                    };
                     for (acc, row) in acc.iter_mut().zip(&rows) {
                         let xv = _mm256_broadcast_ss(&*row.add(c));
                         acc[0] = _mm256_fmadd_ps(xv, bw0, acc[0]);
                         acc[1] = _mm256_fmadd_ps(xv, bw1, acc[1]);
                     }
                 }
-                pw = pw.wrapping_add(PANEL);
+                pw = pw.wrapping_add(line);
             }
             // The chain into the output rows: stored first, then added.
             for (acc, &row) in acc.iter().zip(&out) {

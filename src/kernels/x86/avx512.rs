@@ -208,12 +208,13 @@ pub unsafe fn read_all(bytes: &[u8]) -> u64 {
 /// general registers.
 const PANEL_ROWS: usize = 8;
 
-/// Rows `rows` of column block `nb` of [`crate::kernels::panel::conv`], [`PANEL_ROWS`] at a time.
+/// Rows `rows` of column block `nb` of [`crate::kernels::panel::conv`], [`PANEL_ROWS`] at a time;
+/// the weights `w` are f32, or f16 widened as they are loaded when `F16`.
 ///
 /// # Safety
 /// As [`crate::kernels::panel::conv`], with AVX-512 F.
-pub unsafe fn panel_block(
-    w: *const f32,
+pub unsafe fn panel_block<const F16: bool>(
+    w: *const u8,
     x: *const f32,
     y: *mut f32,
     s: crate::kernels::panel::Conv,
@@ -224,23 +225,24 @@ pub unsafe fn panel_block(
         // SAFETY: the caller's contract; rows t..t + r lie below `rows.end` <= t_out.
         unsafe {
             match r {
-                PANEL_ROWS => panel_rows::<PANEL_ROWS>(w, x, y, s, nb, t),
-                4 => panel_rows::<4>(w, x, y, s, nb, t),
-                2 => panel_rows::<2>(w, x, y, s, nb, t),
-                _ => panel_rows::<1>(w, x, y, s, nb, t),
+                PANEL_ROWS => panel_rows::<PANEL_ROWS, F16>(w, x, y, s, nb, t),
+                4 => panel_rows::<4, F16>(w, x, y, s, nb, t),
+                2 => panel_rows::<2, F16>(w, x, y, s, nb, t),
+                _ => panel_rows::<1, F16>(w, x, y, s, nb, t),
             }
         }
     });
 }
 
 /// Output rows `t..t + R` of column block `nb`: per reduction value, two 16-column weight
-/// vectors times each row's broadcast input value, one `vfmadd` per row and panel.
+/// vectors (f16 widened by `vcvtph2ps` when `F16`, exact) times each row's broadcast input
+/// value, one `vfmadd` per row and panel.
 ///
 /// # Safety
 /// As [`panel_block`]; rows `t..t + R` are below `t_out`.
 #[target_feature(enable = "avx512f")]
-unsafe fn panel_rows<const R: usize>(
-    w: *const f32,
+unsafe fn panel_rows<const R: usize, const F16: bool>(
+    w: *const u8,
     x: *const f32,
     y: *mut f32,
     s: crate::kernels::panel::Conv,
@@ -248,9 +250,12 @@ unsafe fn panel_rows<const R: usize>(
     t: usize,
 ) {
     use crate::kernels::panel::{CHAIN, PANEL};
+    // Bytes of one weight, and of one panel line.
+    let es = if F16 { 2 } else { 4 };
+    let line = PANEL * es;
     let k = s.taps * s.c_in;
-    let w0 = w.wrapping_add(2 * nb * PANEL * k);
-    let w1 = w0.wrapping_add(PANEL * k);
+    let w0 = w.wrapping_add(2 * nb * k * line);
+    let w1 = w0.wrapping_add(k * line);
     let o0 = 2 * nb * PANEL;
     let out: [*mut f32; R] = std::array::from_fn(|i| y.wrapping_add((t + i) * s.n + o0));
     let mut first = true;
@@ -260,8 +265,8 @@ unsafe fn panel_rows<const R: usize>(
         let rows: [*const f32; R] =
             std::array::from_fn(|i| x.wrapping_add((t + i + j * s.dilation) * s.c_in));
         let (mut p0, mut p1) = (
-            w0.wrapping_add(j * s.c_in * PANEL),
-            w1.wrapping_add(j * s.c_in * PANEL),
+            w0.wrapping_add(j * s.c_in * line),
+            w1.wrapping_add(j * s.c_in * line),
         );
         for c0 in (0..s.c_in).step_by(CHAIN) {
             let mut acc = [[_mm512_setzero_ps(); 2]; R];
@@ -269,15 +274,21 @@ unsafe fn panel_rows<const R: usize>(
                 // SAFETY: weights (j · c_in + c, both panels) inside `w`; input rows t + i +
                 // j · dilation < t_out + span for i < R, channel c < c_in.
                 unsafe {
-                    let bw0 = _mm512_loadu_ps(p0);
-                    let bw1 = _mm512_loadu_ps(p1);
+                    let (bw0, bw1) = if F16 {
+                        (
+                            _mm512_cvtph_ps(_mm256_loadu_si256(p0.cast())),
+                            _mm512_cvtph_ps(_mm256_loadu_si256(p1.cast())),
+                        )
+                    } else {
+                        (_mm512_loadu_ps(p0.cast()), _mm512_loadu_ps(p1.cast()))
+                    };
                     for (acc, row) in acc.iter_mut().zip(&rows) {
                         let xv = _mm512_set1_ps(*row.add(c));
                         acc[0] = _mm512_fmadd_ps(xv, bw0, acc[0]);
                         acc[1] = _mm512_fmadd_ps(xv, bw1, acc[1]);
                     }
                 }
-                (p0, p1) = (p0.wrapping_add(PANEL), p1.wrapping_add(PANEL));
+                (p0, p1) = (p0.wrapping_add(line), p1.wrapping_add(line));
             }
             // The chain into the output rows: stored first, then added.
             for (acc, &row) in acc.iter().zip(&out) {
