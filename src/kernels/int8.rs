@@ -104,14 +104,19 @@ impl Kernel {
 }
 
 /// `v` rounded to `i8` at `inv` (127 over the largest magnitude of its group).
+/// Ties go to the even integer (the vector kernels' conversion), a NaN to 0.
 fn round(v: f32, inv: f32) -> i8 {
-    (v * inv).round().clamp(-127.0, 127.0) as i8
+    (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8
 }
 
 /// The largest magnitude of `v` (NaN ignored) and its scale, `max / 127`, with the factor that
 /// rounds to it (0 for an all-zero group).
 fn scale_of(v: impl Iterator<Item = f32>) -> (f32, f32) {
-    let max = v.fold(0f32, |m, v| m.max(v.abs()));
+    scale_of_max(v.fold(0f32, |m, v| m.max(v.abs())))
+}
+
+/// [`scale_of`] from the largest magnitude.
+pub(crate) fn scale_of_max(max: f32) -> (f32, f32) {
     if max > 0.0 && max.is_finite() {
         (max / 127.0, 127.0 / max)
     } else {
@@ -157,8 +162,22 @@ pub fn pack(w: &[f32], taps: usize, c_in: usize, n: usize) -> Option<Vec<u8>> {
 
 /// Rounds each of the input rows of `c_in` values in `x` to 8 bits, each run of [`RUN`]
 /// channels to its own scale: `q[r][c] = xq + 128` and `scale[r][u]`, the scale of row `r`'s run
-/// `u` (the module docs).
+/// `u` (the module docs). The scalar twin of [`quantize_rows_with`].
 pub fn quantize_rows(x: &[f32], c_in: usize, q: &mut [u8], scale: &mut [f32]) {
+    quantize_rows_with(Kernel::Scalar, x, c_in, q, scale)
+}
+
+/// [`quantize_rows`] by `kernel`'s vector code for whole runs (AVX-512 F for
+/// [`Kernel::Avx512Vnni`], AVX2 for [`Kernel::AvxVnni`], the twin's elsewhere and for a row's
+/// last, shorter run): the twin's bytes and scales (tested).
+///
+/// # Panics
+/// If `kernel` is not [`Kernel::available`] (the callers' contract).
+pub fn quantize_rows_with(kernel: Kernel, x: &[f32], c_in: usize, q: &mut [u8], scale: &mut [f32]) {
+    assert!(
+        kernel.available(),
+        "{kernel:?} is not available on this CPU"
+    );
     let nr = runs(c_in);
     for ((row, qr), sr) in x
         .chunks_exact(c_in)
@@ -166,6 +185,28 @@ pub fn quantize_rows(x: &[f32], c_in: usize, q: &mut [u8], scale: &mut [f32]) {
         .zip(scale.chunks_exact_mut(nr))
     {
         for ((run, qrun), s) in row.chunks(RUN).zip(qr.chunks_mut(RUN)).zip(sr) {
+            if run.len() == RUN {
+                #[cfg(target_arch = "x86_64")]
+                match kernel {
+                    Kernel::Avx512Vnni => {
+                        // SAFETY: the kernel, so AVX-512 F, is available (asserted); `run` and
+                        // `qrun` hold RUN (32) values.
+                        *s = unsafe {
+                            super::x86::avx512::quantize_run32(run.as_ptr(), qrun.as_mut_ptr())
+                        };
+                        continue;
+                    }
+                    Kernel::AvxVnni => {
+                        // SAFETY: the kernel, so AVX2, is available (asserted); `run` and `qrun`
+                        // hold RUN (32) values.
+                        *s = unsafe {
+                            super::x86::avx2::quantize_run32(run.as_ptr(), qrun.as_mut_ptr())
+                        };
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
             let (sc, inv) = scale_of(run.iter().copied());
             *s = sc;
             for (d, &v) in qrun.iter_mut().zip(run) {
@@ -231,7 +272,7 @@ pub unsafe fn conv(
         sx.resize((r1 - r0) * runs(s.c_in), 0.0);
         // SAFETY: rows r0..r1 of the caller's input.
         let src = unsafe { std::slice::from_raw_parts(x.add(r0 * s.c_in), (r1 - r0) * s.c_in) };
-        quantize_rows(src, s.c_in, q, sx);
+        quantize_rows_with(kernel, src, s.c_in, q, sx);
         let k = s.taps * s.c_in;
         let per = s.taps * runs(s.c_in) * s.n;
         let ops = Operands {
@@ -497,5 +538,38 @@ mod tests {
         quantize_rows(&x, 4, &mut q, &mut s);
         assert_eq!(s, [1.0 / 127.0, 0.0]);
         assert_eq!(q, [255, 128 - 64, 128 + 32, 128, 128, 128, 128, 128]);
+    }
+
+    /// Each vector kernel's row rounding gives the twin's bytes and scales: ties (to even), NaN
+    /// (ignored in the scale, rounded to 0), infinities, all-zero runs, a last shorter run.
+    #[test]
+    fn vector_row_rounding_gives_the_twins_bytes() {
+        for kernel in [Kernel::Avx512Vnni, Kernel::AvxVnni, Kernel::Neon] {
+            if !kernel.available() {
+                eprintln!("int8 kernel {kernel:?}: skipped, this CPU lacks its instructions");
+                continue;
+            }
+            for c_in in [96, 100, 32] {
+                let mut x = values(5 * c_in, 3);
+                // Row 1: largest magnitude 127, so every k + 0.5 is a tie.
+                for (i, v) in x[c_in..2 * c_in].iter_mut().enumerate() {
+                    *v = if i == 0 { 127.0 } else { (i % 19) as f32 - 9.5 };
+                }
+                x[2 * c_in + 3] = f32::NAN;
+                x[2 * c_in + 40.min(c_in - 1)] = f32::INFINITY;
+                x[3 * c_in..4 * c_in].fill(0.0);
+                x[4 * c_in + c_in - 1] = f32::NAN;
+                let nr = runs(c_in);
+                let (mut q0, mut s0) = (vec![0u8; x.len()], vec![0f32; 5 * nr]);
+                let (mut q1, mut s1) = (vec![1u8; x.len()], vec![1f32; 5 * nr]);
+                quantize_rows(&x, c_in, &mut q0, &mut s0);
+                quantize_rows_with(kernel, &x, c_in, &mut q1, &mut s1);
+                assert_eq!(q1, q0, "{kernel:?}, {c_in} channels: bytes");
+                let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&s1), bits(&s0), "{kernel:?}, {c_in} channels: scales");
+                assert_eq!(q0[c_in + 1], 128 - 8, "-8.5 rounds to the even -8");
+                assert_eq!(q0[c_in + 2], 128 - 8, "-7.5 rounds to the even -8");
+            }
+        }
     }
 }

@@ -523,3 +523,45 @@ unsafe fn panel_rows<const R: usize, const F16: bool>(
         }
     }
 }
+
+/// One run of 32 values of [`crate::kernels::int8::quantize_rows`], as
+/// [`super::avx512::quantize_run32`] with AVX2: the twin's bytes and scale.
+///
+/// # Safety
+/// AVX2; `v` holds 32 values, `q` room for 32 bytes.
+#[target_feature(enable = "avx2")]
+pub unsafe fn quantize_run32(v: *const f32, q: *mut u8) -> f32 {
+    // SAFETY: 32 values at `v`, 32 bytes at `q` (the caller's contract).
+    unsafe {
+        let x: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(v.add(8 * i)));
+        let sign = _mm256_set1_ps(-0.0);
+        // `max(x, m)` gives `m` where `x` is NaN: NaN ignored, as the twin's `f32::max`.
+        let mut m = _mm256_setzero_ps();
+        for &x in &x {
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, x), m);
+        }
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+        let (scale, inv) = crate::kernels::int8::scale_of_max(_mm_cvtss_f32(m));
+        let inv = _mm256_set1_ps(inv);
+        let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+        let n: [__m256i; 4] = std::array::from_fn(|i| {
+            let y = _mm256_mul_ps(x[i], inv);
+            let y = _mm256_and_ps(y, _mm256_cmp_ps::<_CMP_ORD_Q>(y, y));
+            let y = _mm256_min_ps(_mm256_max_ps(y, lo), hi);
+            let y = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+            // Whole numbers in 1..=255: the conversion is exact.
+            _mm256_cvttps_epi32(_mm256_add_ps(y, _mm256_set1_ps(128.0)))
+        });
+        // 32 lanes to 32 bytes: the packs work within 128-bit halves, so the dwords come out
+        // as (0, 2, 4, 6, 1, 3, 5, 7) of the wanted order.
+        let w = _mm256_packus_epi16(
+            _mm256_packs_epi32(n[0], n[1]),
+            _mm256_packs_epi32(n[2], n[3]),
+        );
+        let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(q.cast(), w);
+        scale
+    }
+}

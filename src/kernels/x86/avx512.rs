@@ -310,3 +310,33 @@ unsafe fn panel_rows<const R: usize, const F16: bool>(
         }
     }
 }
+
+/// One run of 32 values of [`crate::kernels::int8::quantize_rows`]: the largest magnitude (NaN
+/// ignored), each value times 127 over it, NaN to 0, clamped to ±127, rounded to the nearest
+/// (ties to even), plus 128, into `q`; returns the run's scale. The twin's bytes and scale.
+///
+/// # Safety
+/// AVX-512 F; `v` holds 32 values, `q` room for 32 bytes.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn quantize_run32(v: *const f32, q: *mut u8) -> f32 {
+    // SAFETY: 32 values at `v`, 32 bytes at `q` (the caller's contract).
+    unsafe {
+        let (a, b) = (_mm512_loadu_ps(v), _mm512_loadu_ps(v.add(16)));
+        // `max(x, m)` gives `m` where `x` is NaN: NaN ignored, as the twin's `f32::max`.
+        let m = _mm512_max_ps(_mm512_abs_ps(a), _mm512_setzero_ps());
+        let m = _mm512_max_ps(_mm512_abs_ps(b), m);
+        let (scale, inv) = crate::kernels::int8::scale_of_max(_mm512_reduce_max_ps(m));
+        let inv = _mm512_set1_ps(inv);
+        let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        for (i, x) in [a, b].into_iter().enumerate() {
+            let x = _mm512_mul_ps(x, inv);
+            let x = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(x, x), x);
+            let x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+            let n =
+                _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+            let n = _mm512_add_epi32(n, _mm512_set1_epi32(128));
+            _mm_storeu_si128(q.add(16 * i).cast(), _mm512_cvtepi32_epi8(n));
+        }
+        scale
+    }
+}
