@@ -169,6 +169,19 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// The requests `qtts serve` speaks at once unless told (`--max-streams`), for kernel tier
+    /// `tier` on `cores` cores: the most that played with no underrun in `qtts bench --streams`
+    /// (60 s streams on 2 cores, PERFORMANCE.md "Several streams at once on the AMX Xeon"). 2
+    /// where the tier has AMX; 1 elsewhere (the avx512 tier played 2 streams of 20 s with 7 %
+    /// to spare, too little for a default) and below 2 cores.
+    pub fn serve_streams_for(tier: crate::kernels::Tier, cores: usize) -> usize {
+        if cores >= 2 && tier.caps().amx_bf16 {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Frames in the next decoder call of an utterance of which `decoded` frames are out: as
     /// many as are out already, at least 1 and at most [`EngineConfig::decoder_chunk`] (1, 1,
     /// 2, 4, 4, ...). Each chunk is then at most the audio already playing, so it can be made
@@ -198,5 +211,36 @@ impl EngineConfig {
             cp.pack_heads();
         }
         Ok(cp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Tier;
+
+    /// Every tier's defaults: a decoder that has its kernels there and keeps the quality gate
+    /// (never q8_0, 19 dB; never plain f32 now that f16 panels are lossless on bf16 weights),
+    /// and one stream at a time for `serve` on one core and without AMX (the only tier whose 2
+    /// cores played two streams with room to spare).
+    #[test]
+    fn each_tiers_defaults_run_there_and_keep_the_gates() {
+        for tier in Tier::ALL {
+            let d = DecoderWeights::fastest_for(tier);
+            assert!(d.runs_on(tier), "{tier}: {d:?} has no kernel there");
+            assert!(
+                !matches!(d, DecoderWeights::Q8_0 | DecoderWeights::F32),
+                "{tier}: {d:?}"
+            );
+            assert_eq!(EngineConfig::serve_streams_for(tier, 1), 1, "{tier}");
+            for cores in [2, 16] {
+                let n = EngineConfig::serve_streams_for(tier, cores);
+                assert!((1..=crate::code_predictor::MAX_ROWS).contains(&n), "{tier}");
+                assert!(
+                    n == 1 || tier.caps().amx_bf16,
+                    "{tier}: {n} streams without AMX"
+                );
+            }
+        }
     }
 }

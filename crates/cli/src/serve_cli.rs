@@ -22,9 +22,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 4)]
     queue: usize,
     /// Requests spoken at once (continuous batching: each frame, their steps run as one batch;
-    /// each request's audio is what it gets alone). Default: 1.
-    #[arg(long, default_value_t = 1)]
-    max_streams: usize,
+    /// each request's audio is what it gets alone). Default: what the kernel tier keeps real
+    /// time on 2 cores, measured: 2 with AMX, else 1.
+    #[arg(long)]
+    max_streams: Option<usize>,
     /// Seconds a request may wait in the queue before it is answered 503.
     #[arg(long, default_value_t = 30.0)]
     queue_timeout: f64,
@@ -150,15 +151,18 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         "--buffer-seconds and --max-audio-seconds must be above 0"
     );
     let model = crate::pick_model(a.model.as_deref(), false)?;
+    let cores = a.cores.unwrap_or_else(ThreadPlan::available_cores);
+    let max_streams = a
+        .max_streams
+        .unwrap_or_else(|| EngineConfig::serve_streams_for(qtts::kernels::active(), cores));
     anyhow::ensure!(
-        (1..=qtts::code_predictor::MAX_ROWS).contains(&a.max_streams),
-        "--max-streams {}: expected 1 to {}",
-        a.max_streams,
+        (1..=qtts::code_predictor::MAX_ROWS).contains(&max_streams),
+        "--max-streams {max_streams}: expected 1 to {}",
         qtts::code_predictor::MAX_ROWS
     );
     let config = EngineConfig {
-        plan: ThreadPlan::default_for(a.cores.unwrap_or_else(ThreadPlan::available_cores)),
-        max_streams: a.max_streams,
+        plan: ThreadPlan::default_for(cores),
+        max_streams,
         ..EngineConfig::default()
     };
     let threads = config.plan.all_cores().len().max(1);
