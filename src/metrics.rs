@@ -35,7 +35,15 @@ pub struct Metrics {
     /// steps, [`crate::engine::EngineConfig::max_streams`]). A count, not a time: not in
     /// [`Metrics::named`].
     pub streams: Histogram<u64>,
+    /// The talker's steps by batch size: `steps_by_streams[n - 1]` is `(steps, µs)`, the steps
+    /// this request ran with `n` streams in the batch and their summed time (a fixed array:
+    /// recording never allocates). A batch's step counts once in each of its requests.
+    pub steps_by_streams: [(u64, u64); STEP_BATCHES],
 }
+
+/// The batch sizes [`Metrics::steps_by_streams`] tells apart: the engine's largest,
+/// `crate::code_predictor::MAX_ROWS` (checked there at compile time).
+pub const STEP_BATCHES: usize = 16;
 
 fn hist() -> Histogram<u64> {
     // 1 µs .. 1 h, 3 digits: fixed bounds, so recording never allocates.
@@ -55,6 +63,7 @@ impl Default for Metrics {
             decoder_claim: hist(),
             ring_fill: hist(),
             streams: hist(),
+            steps_by_streams: [(0, 0); STEP_BATCHES],
         }
     }
 }
@@ -113,6 +122,22 @@ impl Metrics {
             let _ = mine.add(h);
         }
         let _ = self.streams.add(&other.streams);
+        for (mine, theirs) in self
+            .steps_by_streams
+            .iter_mut()
+            .zip(&other.steps_by_streams)
+        {
+            mine.0 += theirs.0;
+            mine.1 += theirs.1;
+        }
+    }
+
+    /// Records one talker step of `streams` streams (clamped to 1 ..= the array's length) that
+    /// took `took`, into [`Metrics::steps_by_streams`].
+    pub fn record_step_of(&mut self, streams: usize, took: Duration) {
+        let i = streams.clamp(1, self.steps_by_streams.len()) - 1;
+        self.steps_by_streams[i].0 += 1;
+        self.steps_by_streams[i].1 += u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
     }
 
     /// The percentile table: count, p50, p90, p99 and max per histogram, in ms (ring fill in ms of

@@ -16,6 +16,8 @@ use crate::qwen3::{self, layer_product, LayerKernel};
 
 /// The most streams one batched frame takes.
 pub const MAX_ROWS: usize = 16;
+// The metrics keep the talker's step times for every batch size up to this one.
+const _: () = assert!(MAX_ROWS == crate::metrics::STEP_BATCHES);
 
 /// The batched frames' graphs and the caches of rows 1.. (made at the first batch).
 #[derive(Debug, Default)]

@@ -534,6 +534,7 @@ impl<'t> Talk<'t> {
             };
             record(&mut slot.metrics.talker_step, took);
             let _ = slot.metrics.streams.record(rows);
+            slot.metrics.record_step_of(rows as usize, took);
             if let (Some(now), Some(fed)) = (slot.now.as_mut(), slot.fed.as_mut()) {
                 fed.starved += std::mem::take(&mut now.waited) as usize;
             }

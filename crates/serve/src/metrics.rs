@@ -96,6 +96,18 @@ pub struct ServerMetrics {
     pub late_chunks: Counter,
     /// Engine stage latencies.
     pub stages: Family<Stage, Histogram>,
+    /// The talker's steps by batch size (`streams`: requests in the step), as the requests saw
+    /// them: a step of n streams counts once in each of its n requests.
+    pub batch_steps: Family<Streams, Counter>,
+    /// Their summed time, seconds: over `batch_steps`, the mean step time by batch size.
+    pub batch_step_seconds: Family<Streams, Counter<f64, AtomicU64>>,
+}
+
+/// A batch size label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Streams {
+    /// Requests in the talker's step.
+    pub streams: u64,
 }
 
 fn stage_histogram() -> Histogram {
@@ -131,6 +143,8 @@ impl ServerMetrics {
             non_finite: Counter::default(),
             late_chunks: Counter::default(),
             stages: Family::new_with_constructor(stage_histogram),
+            batch_steps: Family::default(),
+            batch_step_seconds: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -213,6 +227,16 @@ impl ServerMetrics {
             m.stages.clone(),
         );
         r.register(
+            "talker_batch_steps",
+            "Talker steps by batch size (a step of n streams counts in each of its n requests)",
+            m.batch_steps.clone(),
+        );
+        r.register(
+            "talker_batch_step_seconds",
+            "Summed time of those steps: over talker_batch_steps, the mean step by batch size",
+            m.batch_step_seconds.clone(),
+        );
+        r.register(
             "model",
             "The model served",
             Info::new(vec![
@@ -241,6 +265,17 @@ impl ServerMetrics {
         let reason = stop_label(&s.stop);
         self.stop_reason.get_or_create(&Reason { reason }).inc();
         let m = &s.metrics;
+        for (i, &(steps, micros)) in m.steps_by_streams.iter().enumerate() {
+            if steps > 0 {
+                let label = Streams {
+                    streams: i as u64 + 1,
+                };
+                self.batch_steps.get_or_create(&label).inc_by(steps);
+                self.batch_step_seconds
+                    .get_or_create(&label)
+                    .inc_by(micros as f64 / 1e6);
+            }
+        }
         let stages = [
             ("talker_prefill", &m.talker_prefill),
             ("talker_step", &m.talker_step),

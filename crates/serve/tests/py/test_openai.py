@@ -415,8 +415,17 @@ def test_max_streams_speaks_two_requests_at_once(make_server):
     (n1, job1, _), (n2, job2, after2) = asyncio.run(main())
     assert n2 == 40 * 1920 * 2 and n1 > n2
     assert after2 != job1, f"job {job2} started after job {job1} ended, not beside it"
-    # The engine reports its slots.
+    # The engine reports its slots, and /metrics the talker's steps by batch size: the long
+    # request's first steps alone, then steps of the two together, never three.
     assert httpx.get(s.base + "/health").json()["max_streams"] == 2
+    deadline = time.monotonic() + 10
+    while s.metric("qtts_talker_batch_steps_total", streams="2") == 0:
+        # A request's figures reach /metrics as it ends, just after its last byte.
+        assert time.monotonic() < deadline, "no step of two streams reached /metrics"
+        time.sleep(0.05)
+    assert s.metric("qtts_talker_batch_step_seconds_total", streams="2") > 0
+    assert s.metric("qtts_talker_batch_steps_total", streams="1") > 0
+    assert s.metric("qtts_talker_batch_steps_total", streams="3") == 0
 
 
 def test_slow_reader_is_bounded_then_cancelled(make_server):
