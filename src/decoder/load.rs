@@ -17,6 +17,11 @@ fn gather(data: &[u8], es: usize, n: usize, index: impl Fn(usize) -> usize) -> V
     out
 }
 
+/// The little-endian bytes of `v`.
+fn bytes_of<T: Copy, const N: usize>(v: &[T], le: fn(T) -> [u8; N]) -> Vec<u8> {
+    v.iter().flat_map(|&x| le(x)).collect()
+}
+
 pub(super) struct Loader<'f> {
     pub(super) f: &'f GgufFile,
     pub(super) w: Context,
@@ -122,29 +127,28 @@ impl Loader<'_> {
         if self.bf16 && bf16::fits(k / taps, n) {
             if let Some(p) = bf16::pack(v, k, n) {
                 // Tile rows on cache lines (see `bf16::LINE`).
-                let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let bytes = bytes_of(&p, u16::to_le_bytes);
                 return self.put_lines(name, GgmlType::BF16, [k, n], &bytes, bf16::LINE);
             }
         }
-        let reads_f16 = panel::Kernel::active().is_some_and(panel::Kernel::reads_f16);
-        if self.panel && !self.bf16 && self.f16 && reads_f16 && super::f16_layer(name) {
-            if let Some(p) = panel::pack_f16(v, k, n) {
-                // Panel rows on half cache lines (see `panel::LINE`).
-                let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
-                self.put_lines(name, GgmlType::F16, [k, n], &bytes, panel::LINE)?;
-                return self.put(&format!("{name}.panel"), GgmlType::F32, &[1], &[0; 4]);
-            }
-        }
         if self.panel && !self.bf16 {
-            if let Some(p) = panel::pack(v, k, n) {
-                // Panel rows on cache lines (see `panel::LINE`).
-                let bytes: Vec<u8> = p.iter().flat_map(|x| x.to_le_bytes()).collect();
-                self.put_lines(name, GgmlType::F32, [k, n], &bytes, panel::LINE)?;
+            // f16 where asked and the kernel reads it (and every value is in f16's range),
+            // else f32: panel rows on (half) cache lines, see `panel::LINE`.
+            let f16 = self.f16
+                && super::f16_layer(name)
+                && panel::Kernel::active().is_some_and(panel::Kernel::reads_f16);
+            let packed = match f16.then(|| panel::pack_f16(v, k, n)).flatten() {
+                Some(p) => Some((GgmlType::F16, bytes_of(&p, u16::to_le_bytes))),
+                None => {
+                    panel::pack(v, k, n).map(|p| (GgmlType::F32, bytes_of(&p, f32::to_le_bytes)))
+                }
+            };
+            if let Some((ty, bytes)) = packed {
+                self.put_lines(name, ty, [k, n], &bytes, panel::LINE)?;
                 return self.put(&format!("{name}.panel"), GgmlType::F32, &[1], &[0; 4]);
             }
         }
-        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.put(name, GgmlType::F32, &[k, n], &bytes)
+        self.put(name, GgmlType::F32, &[k, n], &bytes_of(v, f32::to_le_bytes))
     }
 
     /// A matrix `[cols, rows]`, converted to the requested matrix type when its rows are whole

@@ -113,19 +113,15 @@ impl Streams {
     /// that waited for that (those still in a slot, and those that ended while their sink was
     /// full, whose slots are free already).
     fn flush(&mut self) {
-        let mut i = 0;
-        while i < self.finishing.len() {
-            let a = &mut self.finishing[i];
+        for a in &mut self.finishing {
             if a.cancel.load(Ordering::Acquire) {
                 a.held.clear();
             }
             // Its slot may be another request's now: that one's flag is not this one's.
             deliver(a, &AtomicBool::new(false));
-            if a.held.is_empty() {
-                complete(self.finishing.remove(i));
-            } else {
-                i += 1;
-            }
+        }
+        for a in self.finishing.extract_if(.., |a| a.held.is_empty()) {
+            complete(a);
         }
         for slot in 0..self.active.len() {
             let Some(a) = self.active[slot].as_mut() else {

@@ -337,22 +337,25 @@ impl Context {
     ) -> Result<Tensor<'a>, GgmlError> {
         if storage == Storage::Panel {
             let kernel = panel::Kernel::active();
-            if w.is_type(GgmlType::F16) && kernel.is_some_and(panel::Kernel::reads_f16) {
-                // SAFETY: the tensor is live; the contiguity test reads only its shape and strides.
-                if !unsafe { sys::ggml_is_contiguous(w.ptr.as_ptr()) } {
-                    Self::dense_f32("conv_gemm panel kernel", w)?;
-                }
-            } else {
+            // f16 panels where the kernel reads them; f32 otherwise.
+            if !(w.is_type(GgmlType::F16) && kernel.is_some_and(panel::Kernel::reads_f16)) {
                 Self::dense_f32("conv_gemm panel kernel", w)?;
             }
-            if kernel.is_none() || !panel::fits(w.ne()[1]) {
+            // SAFETY: the tensor is live; the contiguity test reads only its shape and strides.
+            let dense = unsafe { sys::ggml_is_contiguous(w.ptr.as_ptr()) };
+            if kernel.is_none() || !panel::fits(w.ne()[1]) || !dense {
                 return Err(GgmlError::Shape {
                     what: "conv_gemm panel kernel",
                     expected: format!(
-                        "a kernel packed by panel::pack, c_out a multiple of {}, on a kernel                          tier with AVX2 and FMA or AVX-512 (else an unpacked f32 kernel)",
+                        "a contiguous kernel packed by panel::pack (or pack_f16 where the panel \
+                         kernel reads f16), c_out a multiple of {}, on a kernel tier with AVX2 \
+                         and FMA or AVX-512 (else an unpacked f32 kernel)",
                         panel::BLOCK
                     ),
-                    found: format!("kernel {:?}, panel kernel {kernel:?}", w.ne()),
+                    found: format!(
+                        "kernel {:?}, contiguous {dense}, panel kernel {kernel:?}",
+                        w.ne()
+                    ),
                 });
             }
         }
