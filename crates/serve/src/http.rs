@@ -1,4 +1,5 @@
 //! The HTTP front end: OpenAI's `POST /v1/audio/speech` (raw audio, SSE, or a buffered file),
+//! the live WebSocket `/v1/audio/speech/live` (text in as it is written, [`crate::live`]),
 //! `/v1/models`, `/v1/audio/voices`, `/v1/audio/models`, and the operations routes `/livez`,
 //! `/readyz`, `/health`, `/metrics`. Errors use OpenAI's envelope
 //! `{"error":{"message","type","param","code"}}`.
@@ -6,6 +7,8 @@
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -63,7 +66,10 @@ pub async fn serve(
             let mut b = hyper::server::conn::http1::Builder::new();
             b.timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT);
-            let conn = b.serve_connection(hyper_util::rt::TokioIo::new(sock), svc);
+            // Upgrades: the live WebSocket (its sessions have their own cap, `live::MAX_SESSIONS`).
+            let conn = b
+                .serve_connection(hyper_util::rt::TokioIo::new(sock), svc)
+                .with_upgrades();
             let mut conn = std::pin::pin!(conn);
             let mut draining = false;
             loop {
@@ -102,6 +108,8 @@ struct App {
     /// The key's SHA-256 (compared in constant time).
     key: Option<[u8; 32]>,
     bodies: crate::body::Budget,
+    /// Places for live sessions ([`crate::live::MAX_SESSIONS`]).
+    live: Arc<tokio::sync::Semaphore>,
 }
 
 fn sha256(s: &str) -> [u8; 32] {
@@ -117,9 +125,11 @@ pub fn router(svc: Arc<Service>, opts: HttpOptions) -> Router {
         opts,
         key,
         bodies: Default::default(),
+        live: Arc::new(tokio::sync::Semaphore::new(crate::live::MAX_SESSIONS)),
     });
     Router::new()
         .route("/v1/audio/speech", post(speech))
+        .route("/v1/audio/speech/live", get(live))
         .route("/v1/audio/voices", get(voices))
         .route("/v1/audio/models", get(audio_models))
         .route("/v1/models", get(models))
@@ -564,6 +574,59 @@ fn chunks(
             }
         }
     })
+}
+
+/// `GET /v1/audio/speech/live`: the key, then a place among the live sessions, then the upgrade
+/// to the live WebSocket ([`crate::live`]).
+async fn live(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let refused = |e: ApiError| {
+        count(&app, "live", e.status.as_str());
+        e.into_response()
+    };
+    if let Err(e) = check_key(&app, &headers) {
+        return refused(e);
+    }
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(r) => {
+            let mut e = ApiError::bad(
+                "invalid_request",
+                None,
+                format!(
+                    "{}: open it as a WebSocket (GET with Upgrade: websocket)",
+                    r.body_text()
+                ),
+            );
+            e.status = r.status();
+            return refused(e);
+        }
+    };
+    if app.svc.is_draining() {
+        return refused(ApiError::server(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_shutting_down",
+            "the server is shutting down; reconnect later",
+        ));
+    }
+    let Ok(permit) = app.live.clone().try_acquire_owned() else {
+        return refused(ApiError::server(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_sessions",
+            format!(
+                "{} live sessions are open, the most this server takes; try again later",
+                crate::live::MAX_SESSIONS
+            ),
+        ));
+    };
+    let svc = app.svc.clone();
+    ws.max_message_size(crate::live::MAX_READ)
+        .max_frame_size(crate::live::MAX_READ)
+        .max_write_buffer_size(crate::live::MAX_WRITE_BUFFER)
+        .on_upgrade(move |socket| crate::live::session(socket, svc, permit))
 }
 
 async fn voices(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {

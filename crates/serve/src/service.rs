@@ -104,6 +104,57 @@ pub fn error_code(e: &EngineError) -> &'static str {
     }
 }
 
+/// Work a streaming connection (Wyoming, the live WebSocket) queued for its synthesis task and
+/// not yet done: its idle timer runs only while there is none.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Pending(Arc<AtomicUsize>);
+
+impl Pending {
+    /// Queues `w`, counting it pending until the synthesis task drops its [`Pending::take`].
+    pub(crate) async fn send<T>(
+        &self,
+        tx: &mpsc::Sender<T>,
+        w: T,
+    ) -> Result<(), mpsc::error::SendError<T>> {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        let r = tx.send(w).await;
+        if r.is_err() {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+        }
+        r
+    }
+
+    /// Whether any work is pending.
+    pub(crate) fn any(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 0
+    }
+
+    /// The synthesis task's hold on one piece of work it received: done when dropped, whatever
+    /// happens (an early return included).
+    pub(crate) fn take(&self) -> PendingDone<'_> {
+        PendingDone(&self.0)
+    }
+}
+
+/// See [`Pending::take`].
+pub(crate) struct PendingDone<'a>(&'a AtomicUsize);
+
+impl Drop for PendingDone<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A request a front end refuses before it reaches the engine: the error code and the message
+/// the client gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The error code (`voice_not_found`, `unsupported_language`, ...).
+    pub code: &'static str,
+    /// What went wrong and what to do.
+    pub message: String,
+}
+
 /// Why a request was refused before it was queued.
 #[derive(Debug)]
 pub enum Refused {
@@ -249,6 +300,29 @@ impl Service {
     /// The engine's language name for `s` (a model language, any case, or its ISO 639-1 code).
     pub fn language(&self, s: &str) -> Option<String> {
         crate::voices::language(s, self.info())
+    }
+
+    /// The voice `name` ([`Service::voice`]) speaking `language` (a model language or its ISO
+    /// code; `None`: the voice's own): what a streaming front end (Wyoming, the live WebSocket)
+    /// asks for, refused with the front ends' error code and a message that lists what exists.
+    pub fn voice_in(&self, name: Option<&str>, language: Option<&str>) -> Result<Voice, Refusal> {
+        let mut v = self.voice(name).map_err(|names| Refusal {
+            code: "voice_not_found",
+            message: format!(
+                "voice '{}' is unknown; available: {names}",
+                name.unwrap_or("")
+            ),
+        })?;
+        if let Some(l) = language {
+            v.language = Some(self.language(l).ok_or_else(|| Refusal {
+                code: "unsupported_language",
+                message: format!(
+                    "language '{l}' is unknown; the model has {}",
+                    self.info().languages.join(", ")
+                ),
+            })?);
+        }
+        Ok(v)
     }
 
     /// Queues `req` and starts its pump; the job's audio comes through the returned

@@ -8,7 +8,6 @@
 //! synthesis task speaks the work in order; a writer task owns the socket's write half. EOF on
 //! the read side cancels the request in flight at once.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::encode::push_s16le;
 use crate::metrics::RequestLabels;
-use crate::service::{Event as Audio, Refused, Service};
+use crate::service::{Event as Audio, Pending, Refused, Service};
 
 /// Wait for the first event of a connection: 30 s.
 const IDLE_FIRST: Duration = Duration::from_secs(30);
@@ -31,10 +30,10 @@ const WRITE_QUEUE: usize = 64;
 const WORK_QUEUE: usize = 64;
 
 mod framing;
-mod sentences;
 
+use crate::sentences::{Cutter, Sentence};
+pub use crate::sentences::{Live, LivePiece, Sentences};
 pub use framing::{frame, read_event, Event, FrameError, MAX_BLOCK, MAX_HEADER, VERSION};
-pub use sentences::{Live, LivePiece, Sentences};
 
 /// The `info` event, built once: it answers `describe` at once whatever the engine is doing.
 pub fn info_event(svc: &Service) -> Vec<u8> {
@@ -165,7 +164,7 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
         })
     };
     let (work_tx, work_rx) = mpsc::channel::<Work>(WORK_QUEUE);
-    let busy = Arc::new(AtomicUsize::new(0));
+    let busy = Pending::default();
     let synth = tokio::spawn(synthesis(
         svc.clone(),
         work_rx,
@@ -188,7 +187,7 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
                     _ = close_rx.changed() => break None,
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {
                         let limit = if first { IDLE_FIRST } else { IDLE_BETWEEN };
-                        if busy.load(Ordering::Acquire) > 0 {
+                        if busy.any() {
                             last = Instant::now();
                         } else if last.elapsed() > limit {
                             break None;
@@ -247,16 +246,16 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
                     });
                 } else if chars > svc.limits.max_input_chars {
                     fail = Some(too_long(&svc));
-                } else if send_work(
-                    &work_tx,
-                    &busy,
-                    Work::Speak {
-                        text,
-                        voice: ev.data.get("voice").cloned(),
-                    },
-                )
-                .await
-                .is_err()
+                } else if busy
+                    .send(
+                        &work_tx,
+                        Work::Speak {
+                            text,
+                            voice: ev.data.get("voice").cloned(),
+                        },
+                    )
+                    .await
+                    .is_err()
                 {
                     break;
                 }
@@ -266,11 +265,7 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
                     let voice = ev.data.get("voice").cloned();
                     // Each sentence spoken from its first word where the text mode allows it
                     // (a text feed takes the streaming mode), else once it is complete.
-                    let cut = if svc.text_mode == qtts::talker::TextMode::Streaming {
-                        Cutter::Live(Live::default(), None)
-                    } else {
-                        Cutter::Whole(Sentences::default())
-                    };
+                    let cut = Cutter::new(svc.text_mode);
                     streaming = Some(Streaming { cut, voice });
                 }
                 Err(f) => fail = Some(f),
@@ -291,7 +286,7 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
                     let _ = st.finish(&work_tx, &busy).await;
                 }
                 // Answered after the work queued, a stop without a start included.
-                let _ = send_work(&work_tx, &busy, Work::Stopped).await;
+                let _ = busy.send(&work_tx, Work::Stopped).await;
             }
             // Servers drop events they do not know (audio from a client, select-program, ...).
             _ => {}
@@ -311,14 +306,6 @@ async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
     let _ = writer.await;
 }
 
-/// How a `synthesize-start` … `synthesize-stop` stream is cut into requests.
-enum Cutter {
-    /// Each sentence a request once complete.
-    Whole(Sentences),
-    /// Each sentence a fed request from its first character; the open sentence's writer.
-    Live(Live, Option<qtts::engine::TextWriter>),
-}
-
 /// A streamed synthesis in progress on a connection.
 struct Streaming {
     cut: Cutter,
@@ -328,89 +315,41 @@ struct Streaming {
 type Closed = mpsc::error::SendError<Work>;
 
 impl Streaming {
-    /// Takes a `synthesize-chunk`'s text: queues the sentences it completes, or feeds the open
-    /// sentence (queuing a fed request at each sentence's start).
+    /// Takes a `synthesize-chunk`'s text: queues the sentences it completes, or the fed request
+    /// of each sentence it begins.
     async fn push(
         &mut self,
         text: &str,
         tx: &mpsc::Sender<Work>,
-        busy: &AtomicUsize,
+        busy: &Pending,
     ) -> Result<(), Closed> {
-        match &mut self.cut {
-            Cutter::Whole(s) => {
-                for sentence in s.push(text) {
-                    let voice = self.voice.clone();
-                    send_work(
-                        tx,
-                        busy,
-                        Work::Speak {
-                            text: sentence,
-                            voice,
-                        },
-                    )
-                    .await?;
-                }
-            }
-            Cutter::Live(live, writer) => {
-                for piece in live.push(text) {
-                    match piece {
-                        LivePiece::Start => {
-                            let (w, feed) = qtts::engine::text_feed();
-                            *writer = Some(w);
-                            let voice = self.voice.clone();
-                            send_work(tx, busy, Work::Fed { feed, voice }).await?;
-                        }
-                        // A request that ended (an error, the audio limit) takes no more; the
-                        // synthesis task says why.
-                        LivePiece::Text(t) => {
-                            if let Some(w) = writer.as_mut() {
-                                let _ = w.push(&t);
-                            }
-                        }
-                        LivePiece::End => {
-                            if let Some(w) = writer.take() {
-                                let _ = w.finish();
-                            }
-                        }
-                    }
-                }
-            }
+        for sentence in self.cut.push(text) {
+            self.queue(sentence, tx, busy).await?;
         }
         Ok(())
     }
 
     /// `synthesize-stop`: the rest is spoken.
-    async fn finish(&mut self, tx: &mpsc::Sender<Work>, busy: &AtomicUsize) -> Result<(), Closed> {
-        match &mut self.cut {
-            Cutter::Whole(s) => {
-                if let Some(rest) = s.finish() {
-                    let voice = self.voice.take();
-                    send_work(tx, busy, Work::Speak { text: rest, voice }).await?;
-                }
-            }
-            Cutter::Live(live, writer) => {
-                live.finish();
-                if let Some(w) = writer.take() {
-                    let _ = w.finish();
-                }
-            }
+    async fn finish(&mut self, tx: &mpsc::Sender<Work>, busy: &Pending) -> Result<(), Closed> {
+        match self.cut.finish() {
+            Some(sentence) => self.queue(sentence, tx, busy).await,
+            None => Ok(()),
         }
-        Ok(())
     }
-}
 
-/// Queues work for the synthesis task, counting it as pending until that task is done with it.
-async fn send_work(
-    tx: &mpsc::Sender<Work>,
-    busy: &AtomicUsize,
-    w: Work,
-) -> Result<(), mpsc::error::SendError<Work>> {
-    busy.fetch_add(1, Ordering::AcqRel);
-    let r = tx.send(w).await;
-    if r.is_err() {
-        busy.fetch_sub(1, Ordering::AcqRel);
+    async fn queue(
+        &self,
+        sentence: Sentence,
+        tx: &mpsc::Sender<Work>,
+        busy: &Pending,
+    ) -> Result<(), Closed> {
+        let voice = self.voice.clone();
+        let work = match sentence {
+            Sentence::Whole(text) => Work::Speak { text, voice },
+            Sentence::Fed(feed) => Work::Fed { feed, voice },
+        };
+        busy.send(tx, work).await
     }
-    r
 }
 
 /// Refuses a voice name, speaker or language longer than the HTTP API takes
@@ -453,20 +392,13 @@ async fn synthesis(
     mut work: mpsc::Receiver<Work>,
     out: mpsc::Sender<Vec<u8>>,
     close: Arc<tokio::sync::watch::Sender<bool>>,
-    busy: Arc<AtomicUsize>,
+    busy: Pending,
 ) {
     // Samples sent on this connection: the audio limit counts per connection, as HTTP's counts
     // per request.
     let mut sent = 0usize;
     while let Some(w) = work.recv().await {
-        // Counted done whatever happens below (an early `break` included).
-        struct Done<'a>(&'a AtomicUsize);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        let _done = Done(&busy);
+        let _done = busy.take();
         let r = match w {
             Work::Speak { text, voice } => {
                 speak(&svc, Text::Whole(&text), voice.as_ref(), &out, &mut sent).await
@@ -528,26 +460,13 @@ async fn speak(
         .and_then(|v| v.get("speaker").and_then(Value::as_str))
         .filter(|s| !s.is_empty())
         .or_else(|| voice.and_then(|v| v.get("name").and_then(Value::as_str)));
-    let mut v = svc.voice(name).map_err(|names| {
+    let language = voice.and_then(|v| v.get("language").and_then(Value::as_str));
+    let v = svc.voice_in(name, language).map_err(|r| {
         Some(Fail {
-            text: format!(
-                "voice '{}' is unknown; available: {names}",
-                name.unwrap_or("")
-            ),
-            code: "voice_not_found",
+            text: r.message,
+            code: r.code,
         })
     })?;
-    if let Some(l) = voice.and_then(|v| v.get("language").and_then(Value::as_str)) {
-        v.language = Some(svc.language(l).ok_or_else(|| {
-            Some(Fail {
-                text: format!(
-                    "language '{l}' is unknown; the model has {}",
-                    svc.info().languages.join(", ")
-                ),
-                code: "unsupported_language",
-            })
-        })?);
-    }
     let mut req = match text {
         Text::Whole(t) => qtts::engine::Request::text(t.trim()),
         Text::Fed(feed) => qtts::engine::Request::fed(feed),

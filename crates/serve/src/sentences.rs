@@ -1,4 +1,9 @@
-//! Streamed text cut into sentences for Wyoming's `synthesize-chunk`.
+//! Streamed text cut into sentences, for Wyoming's `synthesize-chunk` and the live WebSocket:
+//! each sentence one request, queued once complete ([`Sentences`]) or from its first character
+//! as a fed request ([`Live`]), as [`Cutter`] chooses by the text mode.
+
+use qtts::engine::{TextFeedHandle, TextWriter};
+use qtts::talker::TextMode;
 
 /// Cuts complete sentences off streamed text, holding back the unfinished tail: a sentence ends
 /// at `.`, `!`, `?`, `…` or `;` followed by white space, or at `。！？；` (which need none).
@@ -114,6 +119,86 @@ impl Live {
     /// The end of the text: the open sentence's end, if one is open.
     pub fn finish(&mut self) -> Option<LivePiece> {
         std::mem::take(&mut self.open).then_some(LivePiece::End)
+    }
+}
+
+/// A sentence for a front end to queue, as [`Cutter`] hands it out.
+#[derive(Debug)]
+pub enum Sentence {
+    /// A complete sentence.
+    Whole(String),
+    /// A sentence still being written: its text arrives through the feed
+    /// ([`qtts::engine::Request::fed`]).
+    Fed(TextFeedHandle),
+}
+
+/// How a stream of text is cut into requests: each sentence a fed request from its first
+/// character where the text mode takes a feed (the streaming mode), else each sentence once it
+/// is complete.
+#[derive(Debug)]
+pub enum Cutter {
+    /// Each sentence a request once complete.
+    Whole(Sentences),
+    /// Each sentence a fed request from its first character; the open sentence's writer.
+    Live(Live, Option<TextWriter>),
+}
+
+impl Cutter {
+    /// The cutter for requests in text mode `mode`.
+    pub fn new(mode: TextMode) -> Cutter {
+        if mode == TextMode::Streaming {
+            Cutter::Live(Live::default(), None)
+        } else {
+            Cutter::Whole(Sentences::default())
+        }
+    }
+
+    /// Takes more text: returns the sentences to queue (complete ones, or fed ones begun), in
+    /// order, and feeds the open sentence.
+    pub fn push(&mut self, text: &str) -> Vec<Sentence> {
+        match self {
+            Cutter::Whole(s) => s.push(text).into_iter().map(Sentence::Whole).collect(),
+            Cutter::Live(live, writer) => {
+                let mut out = Vec::new();
+                for piece in live.push(text) {
+                    match piece {
+                        LivePiece::Start => {
+                            let (w, feed) = qtts::engine::text_feed();
+                            *writer = Some(w);
+                            out.push(Sentence::Fed(feed));
+                        }
+                        // A request that ended (an error, the audio limit) takes no more; the
+                        // front end hears why from its request.
+                        LivePiece::Text(t) => {
+                            if let Some(w) = writer.as_mut() {
+                                let _ = w.push(&t);
+                            }
+                        }
+                        LivePiece::End => {
+                            if let Some(w) = writer.take() {
+                                let _ = w.finish();
+                            }
+                        }
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// Ends the sentence in progress, as the end of the text does (what follows starts a new
+    /// one): the rest to queue, when the sentences are queued whole.
+    pub fn finish(&mut self) -> Option<Sentence> {
+        match self {
+            Cutter::Whole(s) => s.finish().map(Sentence::Whole),
+            Cutter::Live(live, writer) => {
+                live.finish();
+                if let Some(w) = writer.take() {
+                    let _ = w.finish();
+                }
+                None
+            }
+        }
     }
 }
 
