@@ -300,6 +300,12 @@ impl Canceller {
             let _ = w.try_send(());
         }
     }
+
+    /// Whether [`Canceller::cancel`] was called: the request is over, or soon will be (its text
+    /// feed takes no more, as after its end).
+    pub fn is_cancelled(&self) -> bool {
+        self.flag.load(Ordering::Acquire)
+    }
 }
 
 /// A running request. Dropping it lets the request run to its end unseen: wait for it, or

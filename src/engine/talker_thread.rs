@@ -600,6 +600,9 @@ impl<'t> Talk<'t> {
             metrics: slot.metrics,
             text_starved: slot.fed.map_or(0, |f| f.starved),
         };
+        // The feed's reader goes before the request's end is told, so that its writer hears
+        // the request is over (`FeedClosed`) by the time the job has ended.
+        slot.req.text_feed = None;
         let _ = self.dec_tx.send(DecoderMsg::End(i, Box::new(end)));
     }
 

@@ -47,6 +47,10 @@
 // file, no such voice, a voice of another model), or the model cannot clone (not a Base model).
 #define QTTS_ERR_VOICE -7
 
+// The synthesis is over (ended, cancelled or failed): it takes no more text
+// ([`qtts_feed_text`]).
+#define QTTS_ERR_ENDED -8
+
 // The talker emitted end-of-speech ([`QttsSummary::stop`]).
 #define QTTS_STOP_EOS 0
 
@@ -129,6 +133,12 @@ typedef struct QttsRequest {
   // Repetition penalty over codebook 0, above 0 (1: none); negative: the model's (the
   // default).
   float repetition_penalty;
+  // 1: the text is written while it is spoken (`qtts speak --live`, Python's `live=True`):
+  // `text` is its first piece (NULL: none yet), the rest comes through [`qtts_feed_text`] and
+  // its end with [`qtts_finish_text`]; speech starts at the first word and is the audio the
+  // whole text gives. One utterance (about 150 tokens of text) for now. 0: `text` is the whole
+  // text (the default; callers built against an earlier header get that).
+  int32_t live;
 } QttsRequest;
 
 // The end of a synthesis, from `qtts_synthesis_summary`.
@@ -149,6 +159,9 @@ typedef struct QttsSummary {
   double ttfa_ms;
   // Real-time factor of generation (time to the last sample over the audio's duration).
   double rtf;
+  // Frames that waited for text not written yet ([`QttsRequest::live`]): a gap the writer
+  // caused, not the engine; 0 otherwise.
+  uint64_t text_starved_frames;
 } QttsSummary;
 
 #ifdef __cplusplus
@@ -287,6 +300,29 @@ size_t qtts_engine_voice_count(const struct QttsEngine *engine);
 // # Safety
 // `engine` is null or a live engine.
 const char *qtts_engine_voice_name(const struct QttsEngine *engine, size_t index);
+
+// Adds `len` bytes of UTF-8 text at `text` to a live synthesis ([`QttsRequest::live`]): any
+// piece, a word, part of one, even part of a character (the rest comes with the next call).
+// Returns at once unless 4096 pieces already wait for the engine (then it waits for room).
+// Returns a status: [`QTTS_ERR_ENDED`] once the synthesis is over (ended, cancelled, failed: a
+// cancel while text is still coming is normal; stop writing), [`QTTS_ERR_INVALID_ARGUMENT`] for
+// a synthesis that is not live or whose text was finished, or bytes that are not UTF-8.
+//
+// # Safety
+// `s` is a live synthesis; `text` points to `len` readable bytes (or is NULL with `len` 0).
+int32_t qtts_feed_text(const struct QttsSynthesis *s, const char *text, size_t len);
+
+// Ends a live synthesis's text: the engine speaks what is left, then [`qtts_read`] answers 0
+// after the last sample. Returns a status: [`QTTS_ERR_INVALID_ARGUMENT`] when the last piece
+// ended inside a character, for a synthesis that is not live, or a second time;
+// [`QTTS_ERR_ENDED`] when the synthesis was already over. Freeing a live synthesis without it
+// ends the text too (and cancels the synthesis).
+//
+// [`qtts_read`]: super::qtts_read
+//
+// # Safety
+// `s` is a live synthesis.
+int32_t qtts_finish_text(const struct QttsSynthesis *s);
 
 // Clones the voice in the recording at `audio_path` (WAV, FLAC, MP3 or Ogg/Vorbis, 1 to 30 s, at
 // 24 kHz unless the library was built with the `resample` feature) with the engine's Base model.

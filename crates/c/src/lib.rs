@@ -21,6 +21,8 @@
 //!   version 1's functions of those names stay exported with version 1's sizes (`v1.rs`), for
 //!   programs built against its header. [`QTTS_ABI_VERSION`] changes only when a program built
 //!   against an earlier header would break.
+//! - Text written while it is spoken (`live.rs`): a request with [`QttsRequest::live`] takes its
+//!   text through [`qtts_feed_text`] in any pieces, then [`qtts_finish_text`].
 //! - Cloned voices (Base models; `voice.rs`): [`qtts_voice_clone`] from a recording,
 //!   [`qtts_voice_save`] and [`qtts_voice_load`] by name, spoken through
 //!   [`QttsRequest::cloned_voice`].
@@ -36,13 +38,17 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 mod info;
+mod live;
 mod v1;
 mod voice;
 pub use info::*;
+pub use live::*;
 pub use v1::*;
 pub use voice::*;
 
-use qtts::engine::{Canceller, EngineConfig, EngineError, Job, Read, Request, ThreadPlan, Worker};
+use qtts::engine::{
+    Canceller, EngineConfig, EngineError, Job, Read, Request, TextWriter, ThreadPlan, Worker,
+};
 use qtts::model::ModelFiles;
 use qtts::sampling::SamplingOverrides;
 use qtts::talker::{StopReason, Voice};
@@ -81,6 +87,9 @@ pub const QTTS_ERR_INTERNAL: i32 = -6;
 /// A reference recording or a saved voice cannot be used (not audio, too short, silent, a damaged
 /// file, no such voice, a voice of another model), or the model cannot clone (not a Base model).
 pub const QTTS_ERR_VOICE: i32 = -7;
+/// The synthesis is over (ended, cancelled or failed): it takes no more text
+/// ([`qtts_feed_text`]).
+pub const QTTS_ERR_ENDED: i32 = -8;
 
 /// The talker emitted end-of-speech ([`QttsSummary::stop`]).
 pub const QTTS_STOP_EOS: i32 = 0;
@@ -154,6 +163,12 @@ pub struct QttsRequest {
     /// Repetition penalty over codebook 0, above 0 (1: none); negative: the model's (the
     /// default).
     pub repetition_penalty: f32,
+    /// 1: the text is written while it is spoken (`qtts speak --live`, Python's `live=True`):
+    /// `text` is its first piece (NULL: none yet), the rest comes through [`qtts_feed_text`] and
+    /// its end with [`qtts_finish_text`]; speech starts at the first word and is the audio the
+    /// whole text gives. One utterance (about 150 tokens of text) for now. 0: `text` is the whole
+    /// text (the default; callers built against an earlier header get that).
+    pub live: i32,
 }
 
 /// The end of a synthesis, from `qtts_synthesis_summary`.
@@ -176,6 +191,9 @@ pub struct QttsSummary {
     pub ttfa_ms: f64,
     /// Real-time factor of generation (time to the last sample over the audio's duration).
     pub rtf: f64,
+    /// Frames that waited for text not written yet ([`QttsRequest::live`]): a gap the writer
+    /// caused, not the engine; 0 otherwise.
+    pub text_starved_frames: u64,
 }
 
 /// A loaded model on its own thread (opaque).
@@ -194,6 +212,9 @@ pub struct QttsEngine {
 pub struct QttsSynthesis {
     job: Mutex<Job>,
     cancel: Canceller,
+    /// A live request's text writer ([`QttsRequest::live`]) until [`qtts_finish_text`]; `Err`
+    /// for a request given its whole text.
+    writer: Mutex<Result<Option<TextWriter>, ()>>,
 }
 
 thread_local! {
@@ -353,6 +374,7 @@ pub(crate) fn default_request() -> QttsRequest {
         top_k: -1,
         top_p: -1.0,
         repetition_penalty: -1.0,
+        live: 0,
     }
 }
 
@@ -536,8 +558,20 @@ pub unsafe extern "C" fn qtts_synthesize(
                 opt_str(r.instruct, "req.instruct")?,
             )
         };
-        let text = text.ok_or_else(|| invalid("req.text: expected UTF-8 text, found NULL"))?;
-        let mut request = Request::text(text);
+        let (mut request, writer) = match r.live {
+            0 => {
+                let text =
+                    text.ok_or_else(|| invalid("req.text: expected UTF-8 text, found NULL"))?;
+                (Request::text(text), Err(()))
+            }
+            1 => {
+                let (mut w, feed) = qtts::engine::text_feed();
+                // A fresh feed takes its first piece at once (nothing reads it yet).
+                let _ = w.push(text.as_deref().unwrap_or(""));
+                (Request::fed(feed), Ok(Some(w)))
+            }
+            n => return Err(invalid(format!("req.live: expected 0 or 1, found {n}"))),
+        };
         // SAFETY: null or a live voice by the contract.
         request.voice = match unsafe { r.cloned_voice.as_ref() } {
             Some(v) => {
@@ -581,6 +615,7 @@ pub unsafe extern "C" fn qtts_synthesize(
         let handle = Box::new(QttsSynthesis {
             job: Mutex::new(job),
             cancel,
+            writer: Mutex::new(writer),
         });
         // SAFETY: writable by the contract.
         unsafe { out.write(Box::into_raw(handle)) };
@@ -688,6 +723,7 @@ pub(crate) unsafe fn summary_of(s: *const QttsSynthesis) -> Result<QttsSummary, 
         },
         ttfa_ms: summary.ttfa.map_or(-1.0, |t| t.as_secs_f64() * 1e3),
         rtf: summary.rtf(),
+        text_starved_frames: summary.text_starved_frames as u64,
     })
 }
 

@@ -15,6 +15,9 @@
 //! - `voice=` means what it means in C, the command and the server: a speaker of the model (any
 //!   case), else a voice saved under that name (`qtts voice add`, `ClonedVoice.save`); or a
 //!   `ClonedVoice`. No voice: the model's default speaker.
+//! - Text written while it is spoken: `Engine.stream(text, live=True)` returns a `Stream` whose
+//!   text continues with `feed` (any pieces, bytes split mid-character included) and ends with
+//!   `finish`; speech starts at the first word and is the audio the whole text gives.
 //! - Cloning (Base models): `Engine.clone_voice` encodes a recording (a file, or samples with
 //!   their rate) into a `ClonedVoice`, which `save` stores where `qtts voice` keeps voices and
 //!   `Engine.load_voice` reads back.
@@ -30,7 +33,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use qtts::engine::{
-    Canceller, EngineConfig, EngineError, EngineInfo, Job, Request, Summary, ThreadPlan, Worker,
+    Canceller, EngineConfig, EngineError, EngineInfo, FeedError, Job, Request, Summary, TextWriter,
+    ThreadPlan, Worker,
 };
 use qtts::model::ModelFiles;
 use qtts::sampling::SamplingOverrides;
@@ -60,6 +64,12 @@ create_exception!(
     BusyError,
     QttsError,
     "The engine's queue is full: retry later."
+);
+create_exception!(
+    qtts,
+    EndedError,
+    QttsError,
+    "The synthesis is over (ended, cancelled or failed): it takes no more text."
 );
 create_exception!(
     qtts,
@@ -100,6 +110,7 @@ fn summary_dict<'py>(py: Python<'py>, s: &Summary) -> PyResult<Bound<'py, PyDict
     d.set_item("stop", s.stop.name())?;
     d.set_item("ttfa_ms", s.ttfa.map(|t| t.as_secs_f64() * 1e3))?;
     d.set_item("rtf", s.rtf())?;
+    d.set_item("text_starved_frames", s.text_starved_frames)?;
     Ok(d)
 }
 
@@ -363,8 +374,11 @@ impl Engine {
     }
 
     /// Speaks `text`, yielding float32 numpy chunks as the engine makes them (a `Stream`); the
-    /// keywords are `synthesize`'s.
-    #[pyo3(signature = (text, *, voice=None, language=None, instruct=None, seed=0, max_frames=None, min_frames=None, temperature=None, top_k=None, top_p=None, repetition_penalty=None))]
+    /// keywords are `synthesize`'s. `live=True`: the text is written while it is spoken (a
+    /// language model's answer): `text` is its first piece (`""` for none yet), `Stream.feed`
+    /// adds the rest and `Stream.finish` ends it; speech starts at the first word. One utterance
+    /// (about 150 tokens) for now.
+    #[pyo3(signature = (text, *, voice=None, language=None, instruct=None, seed=0, max_frames=None, min_frames=None, temperature=None, top_k=None, top_p=None, repetition_penalty=None, live=false))]
     #[allow(clippy::too_many_arguments)]
     fn stream(
         &self,
@@ -379,6 +393,7 @@ impl Engine {
         top_k: Option<usize>,
         top_p: Option<f32>,
         repetition_penalty: Option<f32>,
+        live: bool,
     ) -> PyResult<Stream> {
         let sampling = Sampling {
             temperature,
@@ -386,14 +401,26 @@ impl Engine {
             top_p,
             repetition_penalty,
         };
-        let req = self.request(
+        let (first, writer) = if live {
+            let (mut w, feed) = qtts::engine::text_feed();
+            // A fresh feed takes its first piece at once (nothing reads it yet).
+            let _ = w.push(&text);
+            (Some(feed), Some(w))
+        } else {
+            (None, None)
+        };
+        let mut req = self.request(
             text, voice, language, instruct, seed, max_frames, min_frames, sampling,
         )?;
+        if let Some(feed) = first {
+            req.text_feed = Some(feed);
+        }
         let job = self.submit(req)?;
         Ok(Stream {
             cancel: job.canceller(),
             job: Mutex::new(Some(job)),
             summary: Mutex::new(None),
+            writer: Mutex::new(writer.ok_or(Unfed::Whole)),
         })
     }
 
@@ -591,6 +618,56 @@ struct Stream {
     job: Mutex<Option<Job>>,
     cancel: Canceller,
     summary: Mutex<Option<Summary>>,
+    /// A live stream's text writer until `finish`.
+    writer: Mutex<Result<TextWriter, Unfed>>,
+}
+
+/// Why a stream takes no text.
+#[derive(Debug, Clone, Copy)]
+enum Unfed {
+    /// It was given its whole text (`live=False`).
+    Whole,
+    /// Its text was finished.
+    Finished,
+}
+
+/// The text argument of `Stream.feed`.
+#[derive(FromPyObject)]
+enum TextPiece {
+    Str(String),
+    Bytes(Vec<u8>),
+}
+
+impl Stream {
+    /// Runs `f` on the writer, with the GIL released (a writer far ahead waits for room).
+    fn with_writer(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Result<TextWriter, Unfed>) -> Result<(), FeedError> + Send,
+    ) -> PyResult<()> {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        match &*w {
+            Err(Unfed::Whole) => {
+                return Err(RequestError::new_err(
+                    "this stream was given its whole text: start it with live=True to feed it",
+                ))
+            }
+            Err(Unfed::Finished) => {
+                return Err(RequestError::new_err(
+                    "this stream's text was finished: start a new stream for more",
+                ))
+            }
+            Ok(_) if self.cancel.is_cancelled() => {
+                return Err(EndedError::new_err(qtts::engine::FeedClosed.to_string()))
+            }
+            Ok(_) => {}
+        }
+        let w: &mut Result<TextWriter, Unfed> = &mut w;
+        py.detach(move || f(w)).map_err(|e| match e {
+            FeedError::Closed(c) => EndedError::new_err(c.to_string()),
+            FeedError::NotUtf8(e) => PyValueError::new_err(format!("text: {e}")),
+        })
+    }
 }
 
 #[pymethods]
@@ -616,6 +693,28 @@ impl Stream {
     /// Stops the synthesis between frames; chunks made before still come, then the end.
     fn cancel(&self) {
         self.cancel.cancel();
+    }
+
+    /// Adds a piece of a live stream's text (`live=True`): a `str`, or UTF-8 `bytes` that may end
+    /// inside a character (the rest comes with the next piece). Raises `EndedError` once the
+    /// synthesis is over (ended, cancelled, failed: stop writing), `RequestError` for a stream not
+    /// live or already finished, `ValueError` for bytes that are not UTF-8.
+    fn feed(&self, py: Python<'_>, text: TextPiece) -> PyResult<()> {
+        self.with_writer(py, |w| match (w, text) {
+            (Ok(w), TextPiece::Str(t)) => Ok(w.push(&t)?),
+            (Ok(w), TextPiece::Bytes(b)) => w.push_bytes(&b),
+            (Err(_), _) => Ok(()),
+        })
+    }
+
+    /// Ends a live stream's text: the engine speaks what is left, then the stream ends. Raises as
+    /// `feed` does (`ValueError` when the last bytes ended inside a character; the text ends
+    /// all the same).
+    fn finish(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_writer(py, |w| match std::mem::replace(w, Err(Unfed::Finished)) {
+            Ok(writer) => writer.finish(),
+            Err(_) => Ok(()),
+        })
     }
 
     /// After the last chunk: frames, samples, cancelled, stop (`"eos"`: the speech ended,
@@ -661,6 +760,7 @@ fn qtts_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ModelError", m.py().get_type::<ModelError>())?;
     m.add("RequestError", m.py().get_type::<RequestError>())?;
     m.add("BusyError", m.py().get_type::<BusyError>())?;
+    m.add("EndedError", m.py().get_type::<EndedError>())?;
     m.add("VoiceError", m.py().get_type::<VoiceError>())?;
     m.add("SAMPLE_RATE", qtts::audio::SAMPLE_RATE)?;
     Ok(())

@@ -36,7 +36,7 @@ def engine(cache):
 
 def test_module_surface():
     assert qtts.SAMPLE_RATE == 24000
-    for name in ["ModelError", "RequestError", "BusyError"]:
+    for name in ["ModelError", "RequestError", "BusyError", "EndedError"]:
         assert issubclass(getattr(qtts, name), qtts.QttsError)
     assert issubclass(qtts.QttsError, Exception)
 
@@ -67,6 +67,65 @@ def test_stream_summary_and_cancel(engine):
     assert summary["cancelled"] is True
     assert summary["frames"] < 400
     assert summary["samples"] == len(first) + sum(len(c) for c in rest)
+
+
+LIVE_TEXT = "Héllo wörld, 你好! Read me as I am written."
+
+
+def test_a_live_stream_fed_in_pieces_is_the_whole_texts_audio(engine):
+    kw = dict(seed=7, max_frames=24, min_frames=24)
+    whole = engine.synthesize(LIVE_TEXT, **kw)
+    data = LIVE_TEXT.encode()
+    first = len("Héllo wörld, ".encode())
+    for step in [1, 2, 5]:
+        s = engine.stream(data[:first].decode(), live=True, **kw)
+        # Audio before any more text: speech starts while the text is written.
+        chunks = [next(s)]
+
+        def write():
+            # bytes pieces of `step`, splitting characters, and a str at the end.
+            for at in range(first, len(data) - 3, step):
+                s.feed(data[at:min(at + step, len(data) - 3)])
+            s.feed(data[len(data) - 3:].decode())
+            s.finish()
+        t = threading.Thread(target=write)
+        t.start()
+        chunks += list(s)
+        t.join()
+        assert np.array_equal(np.concatenate(chunks), whole), f"pieces of {step}"
+        summary = s.summary()
+        assert summary["frames"] == 24 and 0 <= summary["text_starved_frames"] <= 24
+    summary = engine.stream(LIVE_TEXT, **kw)
+    list(summary)
+    assert summary.summary()["text_starved_frames"] == 0
+
+
+def test_a_live_stream_refuses_what_it_cannot_take(engine):
+    whole = engine.stream("Whole.", max_frames=2, min_frames=2)
+    with pytest.raises(qtts.RequestError, match="live=True"):
+        whole.feed("more")
+    with pytest.raises(qtts.RequestError):
+        whole.finish()
+    list(whole)
+    s = engine.stream("", live=True, max_frames=2, min_frames=2)
+    with pytest.raises(ValueError, match="UTF-8"):
+        s.feed(b"Hi \xff")
+    with pytest.raises(TypeError):
+        s.feed(3)
+    s.feed("Hi \u00e9".encode()[:-1])
+    with pytest.raises(ValueError, match="UTF-8"):
+        s.finish()  # ends inside a character: refused, and the text ends all the same
+    with pytest.raises(qtts.RequestError, match="finished"):
+        s.feed("more")
+    list(s)
+    # Cancelled: the writer is told to stop.
+    s = engine.stream("Hello there", live=True, max_frames=400, min_frames=400)
+    next(s)
+    s.cancel()
+    list(s)
+    assert s.summary()["cancelled"] is True
+    with pytest.raises(qtts.EndedError):
+        s.feed(" and more")
 
 
 def test_cancel_from_another_thread_stops_the_synthesis(engine):
