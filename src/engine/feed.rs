@@ -17,7 +17,7 @@
 //! [`Request::text`]: super::Request::text
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 
@@ -36,6 +36,39 @@ const AFTER: &str = "<|im_end|>\n<|im_start|>assistant\n";
 /// Ids of [`BEFORE`] and [`AFTER`].
 const BEFORE_IDS: usize = 3;
 const AFTER_IDS: usize = 5;
+
+/// When a fed request ([`Request::text_feed`](super::Request::text_feed)) starts speaking. The
+/// audio is the same whatever the start; only when it begins, and whether playback must wait
+/// for text later, change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FeedStart {
+    /// From the pace the text comes at: at the first word when it comes at least as fast as the
+    /// talker takes it (one token a frame, 12.5 a second), else once enough of it is there that
+    /// the rest, coming from now on at the pace seen so far, stays ahead of playback up to
+    /// [`PACE_HORIZON`] tokens (a sentence: the live front ends cut there); at the text's end
+    /// at the latest. The pace is the final tokens over the time from the first piece of text to
+    /// the latest (whose last word is not final yet): text that came at once starts at once.
+    #[default]
+    Paced,
+    /// At the first final token.
+    FirstWord,
+    /// Once this many tokens are final (or at the text's end).
+    Tokens(usize),
+    /// At the text's end.
+    TextEnd,
+}
+
+/// Tokens [`FeedStart::Paced`] keeps the text ahead of playback for: 24 (a sentence).
+pub const PACE_HORIZON: usize = 24;
+
+/// Seconds of playback a token gives: one frame.
+const FRAME_SECONDS: f64 = 0.08;
+
+/// Seconds from a token's arrival to its frame's audio, at most, that [`FeedStart::Paced`]
+/// keeps in hand: the frame itself and the decoder's chunk of up to 4 frames, about 0.25 s (at
+/// 10 tokens a second, starting without it cost 5 underruns over 20 s in `qtts bench
+/// --text-rate`; with it, none).
+const PIPELINE_SECONDS: f64 = 0.25;
 
 #[derive(Debug)]
 enum Piece {
@@ -141,6 +174,24 @@ impl PartialEq for TextFeedHandle {
     }
 }
 
+/// [`FeedStart::Paced`]'s rule: with `tokens` final from pieces that came over `span` seconds,
+/// the pace is `r = tokens / span` (endless when they came at once); speaking may start
+/// now when the tokens still to come over the horizon, arriving from now on at that pace, come
+/// no later than playback takes them (token `k` at frame `k − 1`, 80 ms each), with
+/// [`PIPELINE_SECONDS`] in hand: `(H − tokens) / r ≤ 0.08 · (H − 1) − 0.25`.
+pub(crate) fn paced_start(tokens: usize, span: f64) -> bool {
+    if tokens >= PACE_HORIZON {
+        return true;
+    }
+    if tokens == 0 {
+        return false;
+    }
+    let to_come = (PACE_HORIZON - tokens) as f64;
+    let budget = FRAME_SECONDS * (PACE_HORIZON - 1) as f64 - PIPELINE_SECONDS;
+    // (H − tokens) / r ≤ budget, with r = tokens / span.
+    to_come * span <= tokens as f64 * budget
+}
+
 /// What the talker thread reads: the feed's final text ids, as they become final.
 pub(crate) struct TextReader<'t> {
     rx: Arc<Receiver<Piece>>,
@@ -151,6 +202,9 @@ pub(crate) struct TextReader<'t> {
     ended: bool,
     /// Text tokens at most (`segment_tokens`).
     limit: usize,
+    /// When the first and the latest piece of text came.
+    first_at: Option<Instant>,
+    last_at: Option<Instant>,
 }
 
 impl<'t> TextReader<'t> {
@@ -164,6 +218,30 @@ impl<'t> TextReader<'t> {
             ids,
             ended: false,
             limit,
+            first_at: None,
+            last_at: None,
+        }
+    }
+
+    /// Whether a request starting `start` may start: a final token at least, and what the
+    /// policy asks for.
+    pub(crate) fn may_start(&self, start: FeedStart) -> bool {
+        let tokens = self.text().len();
+        if tokens == 0 {
+            return false;
+        }
+        match start {
+            _ if self.ended => true,
+            FeedStart::FirstWord => true,
+            FeedStart::Tokens(n) => tokens >= n,
+            FeedStart::TextEnd => false,
+            FeedStart::Paced => {
+                let span = match (self.first_at, self.last_at) {
+                    (Some(a), Some(b)) => b.duration_since(a).as_secs_f64(),
+                    _ => 0.0,
+                };
+                paced_start(tokens, span)
+            }
         }
     }
 
@@ -221,6 +299,11 @@ impl<'t> TextReader<'t> {
         };
         match piece {
             Piece::Text(t) => {
+                if !t.trim().is_empty() {
+                    let now = Instant::now();
+                    self.first_at.get_or_insert(now);
+                    self.last_at = Some(now);
+                }
                 let clean = n.push(&t);
                 self.ids.extend_from_slice(f.push(&clean));
             }
@@ -254,5 +337,34 @@ impl<'t> TextReader<'t> {
         ids.extend(self.text().first());
         ids.extend(tokenizer.encode(AFTER));
         ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_paced_start_waits_only_for_text_slower_than_the_talker() {
+        // The first word final 50 ms after the first piece (20 a second): at once.
+        assert!(paced_start(1, 0.05));
+        // 12.5 a second, the talker's pace: the pipeline's latency first (5 tokens).
+        assert!(!paced_start(4, 0.32));
+        assert!(paced_start(5, 0.4));
+        // 10 a second: at the ninth token (0.9 s), when the 15 to come arrive (1.5 s) by the
+        // time the talker needs them (23 frames of 80 ms, less 0.25 s: 1.59 s).
+        assert!(!paced_start(1, 0.1));
+        assert!(!paced_start(8, 0.8));
+        assert!(paced_start(9, 0.9));
+        // A sentence written at 10 a second while another one was speaking: at once.
+        assert!(paced_start(15, 1.5));
+        // Text that came at once starts; no token, never; a horizon's worth always.
+        assert!(paced_start(1, 0.0));
+        assert!(paced_start(3, 0.0));
+        assert!(!paced_start(0, 0.0));
+        assert!(paced_start(PACE_HORIZON, 100.0));
+        // 2 a second: nearly the whole horizon first.
+        assert!(!paced_start(20, 10.0));
+        assert!(paced_start(22, 11.0));
     }
 }

@@ -57,7 +57,10 @@ mod worker;
 pub use config::{DecoderWeights, EngineConfig};
 pub(crate) use decoder_thread::decode_and_write;
 pub use error::EngineError;
-pub use feed::{text_feed, FeedClosed, FeedError, TextFeedHandle, TextWriter, FEED_QUEUE};
+pub use feed::{
+    text_feed, FeedClosed, FeedError, FeedStart, TextFeedHandle, TextWriter, FEED_QUEUE,
+    PACE_HORIZON,
+};
 pub use plan::{StagePlan, ThreadPlan};
 pub use stream::AudioStream;
 pub(crate) use synthesis::plan_request;

@@ -49,6 +49,8 @@ pub struct Request {
     /// Text that arrives while it is spoken ([`super::feed`]): when set, it is the request's text
     /// and [`Request::input`] is not read.
     pub text_feed: Option<super::feed::TextFeedHandle>,
+    /// When a fed request starts speaking ([`super::feed::FeedStart`]; not read without a feed).
+    pub feed_start: super::feed::FeedStart,
 }
 
 impl Request {
@@ -68,6 +70,7 @@ impl Request {
             min_frames: crate::talker::MIN_FRAMES,
             keep_codes: false,
             text_feed: None,
+            feed_start: super::feed::FeedStart::Paced,
         }
     }
 

@@ -337,8 +337,8 @@ impl<'t> Talk<'t> {
                 Some(_) if !slot.segments.is_empty() => None,
                 Some(fed) => {
                     fed.reader.poll(Duration::ZERO)?;
-                    if fed.reader.text().is_empty() {
-                        // Not a word yet.
+                    if !fed.reader.may_start(slot.req.feed_start) {
+                        // Not a word yet, or not as much text as the start policy waits for.
                         return Ok(false);
                     }
                     Some(plan_fed(

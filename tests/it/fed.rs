@@ -9,7 +9,9 @@ use common::{config, files, max_abs};
 use std::time::Duration;
 
 use qtts::audio::MemorySink;
-use qtts::engine::{downcast_sink, text_feed, Engine, EngineError, FeedError, Request, TextWriter};
+use qtts::engine::{
+    downcast_sink, text_feed, Engine, EngineError, FeedError, FeedStart, Request, TextWriter,
+};
 use qtts::model::convert::OutType;
 use qtts::talker::{StopReason, TextInput, TextMode, Voice};
 use rand::{Rng, SeedableRng};
@@ -194,6 +196,49 @@ fn next_request_speaks(engine: &mut Engine) {
         )
         .wait();
     assert!(s.unwrap().frames > 0);
+}
+
+/// The start policies: a fed request that starts at 20 tokens, or at the text's end, makes no
+/// frame before (however long it waits: it cannot start), then speaks the whole text's codes and
+/// samples. (The tiny tokenizer is byte-level: a token a byte of the words closed so far.)
+#[test]
+fn a_fed_request_starts_when_its_policy_says_and_speaks_the_same() {
+    let (_tmp, out) = common::convert_tiny("tiny", OutType::F32);
+    let mut engine = Engine::load(&files(&out), config()).unwrap();
+    let text = "Hello there, and then some more words.";
+    let mut base = Request::text(text).greedy();
+    base.voice = vivian();
+    base.max_frames = Some(20);
+    base.min_frames = 20;
+    let (want, want_samples) = whole(&mut engine, base.clone());
+    for policy in [FeedStart::Tokens(20), FeedStart::TextEnd] {
+        let (mut w, handle) = text_feed();
+        let mut req = base.clone();
+        req.input = TextInput::Text(String::new());
+        req.text_feed = Some(handle);
+        req.feed_start = policy;
+        req.keep_codes = true;
+        // Five final tokens ("Hello"; " there" is open).
+        w.push("Hello there").unwrap();
+        let synthesis = engine.synthesize(req, Box::new(MemorySink::default()));
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(synthesis.frames(), 0, "{policy:?}: started on 5 tokens");
+        // 26 final tokens: enough for 20, not the end.
+        w.push(", and then some more").unwrap();
+        if policy == FeedStart::TextEnd {
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(synthesis.frames(), 0, "started before the text's end");
+        } else {
+            until_speaking(&synthesis);
+        }
+        w.push(" words.").unwrap();
+        w.finish().unwrap();
+        let (s, sink) = synthesis.wait();
+        let s = s.unwrap();
+        let samples = downcast_sink::<MemorySink>(sink).unwrap().samples;
+        assert_eq!(s.codes, want.codes, "{policy:?}");
+        assert!(samples == want_samples, "{policy:?}: samples differ");
+    }
 }
 
 /// Waits until `synthesis` has made a frame.

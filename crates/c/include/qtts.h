@@ -139,6 +139,11 @@ typedef struct QttsRequest {
   // whole text gives. One utterance (about 150 tokens of text) for now. 0: `text` is the whole
   // text (the default; callers built against an earlier header get that).
   int32_t live;
+  // When a live synthesis starts speaking: 0 (the default) at the pace of its text: at the
+  // first word when the text comes at least as fast as speech takes it (12.5 tokens a
+  // second), else once enough of it is there that playback will not wait for the rest; 1: at
+  // the first word; n > 1: once n tokens are final; -1: at the text's end.
+  int32_t live_start;
 } QttsRequest;
 
 // The end of a synthesis, from `qtts_synthesis_summary`.

@@ -47,7 +47,8 @@ pub use v1::*;
 pub use voice::*;
 
 use qtts::engine::{
-    Canceller, EngineConfig, EngineError, Job, Read, Request, TextWriter, ThreadPlan, Worker,
+    Canceller, EngineConfig, EngineError, FeedStart, Job, Read, Request, TextWriter, ThreadPlan,
+    Worker,
 };
 use qtts::model::ModelFiles;
 use qtts::sampling::SamplingOverrides;
@@ -169,6 +170,11 @@ pub struct QttsRequest {
     /// whole text gives. One utterance (about 150 tokens of text) for now. 0: `text` is the whole
     /// text (the default; callers built against an earlier header get that).
     pub live: i32,
+    /// When a live synthesis starts speaking: 0 (the default) at the pace of its text: at the
+    /// first word when the text comes at least as fast as speech takes it (12.5 tokens a
+    /// second), else once enough of it is there that playback will not wait for the rest; 1: at
+    /// the first word; n > 1: once n tokens are final; -1: at the text's end.
+    pub live_start: i32,
 }
 
 /// The end of a synthesis, from `qtts_synthesis_summary`.
@@ -375,6 +381,7 @@ pub(crate) fn default_request() -> QttsRequest {
         top_p: -1.0,
         repetition_penalty: -1.0,
         live: 0,
+        live_start: 0,
     }
 }
 
@@ -565,10 +572,24 @@ pub unsafe extern "C" fn qtts_synthesize(
                 (Request::text(text), Err(()))
             }
             1 => {
+                let start = match r.live_start {
+                    0 => FeedStart::Paced,
+                    1 => FeedStart::FirstWord,
+                    -1 => FeedStart::TextEnd,
+                    n if n > 1 => FeedStart::Tokens(n as usize),
+                    n => {
+                        return Err(invalid(format!(
+                            "req.live_start: expected -1 (the text's end), 0 (paced), 1 (the \
+                             first word) or a number of tokens, found {n}"
+                        )))
+                    }
+                };
                 let (mut w, feed) = qtts::engine::text_feed();
                 // A fresh feed takes its first piece at once (nothing reads it yet).
                 let _ = w.push(text.as_deref().unwrap_or(""));
-                (Request::fed(feed), Ok(Some(w)))
+                let mut req = Request::fed(feed);
+                req.feed_start = start;
+                (req, Ok(Some(w)))
             }
             n => return Err(invalid(format!("req.live: expected 0 or 1, found {n}"))),
         };

@@ -101,6 +101,41 @@ fn a_live_synthesis_fed_in_pieces_is_the_whole_texts_audio() {
     unsafe { qtts_engine_free(engine) };
 }
 
+/// `live_start = -1`: nothing before the text's end (however long the read waits: it cannot
+/// start), then the whole text's audio.
+#[test]
+fn a_synthesis_starting_at_the_texts_end_waits_for_it() {
+    let engine = load_with(&builtin_options()).unwrap();
+    let whole = CString::new(TEXT).unwrap();
+    let s = start(engine, &fixed(&whole, FRAMES)).unwrap();
+    let (want, _) = read_all(s, 4096);
+    // SAFETY: a live synthesis, freed once.
+    unsafe { qtts_synthesis_free(s) };
+    let mut r = live();
+    r.live_start = -1;
+    let s = start(engine, &r).unwrap();
+    let bytes = TEXT.as_bytes();
+    assert_eq!(feed(s, &bytes[..20]), QTTS_OK);
+    let mut buf = vec![0f32; 4096];
+    // SAFETY: a live synthesis and 4096 writable floats.
+    let n = unsafe { qtts_read(s, buf.as_mut_ptr(), buf.len(), 300) };
+    assert_eq!(
+        n,
+        i64::from(QTTS_ERR_TIMEOUT),
+        "audio before the text's end"
+    );
+    assert_eq!(feed(s, &bytes[20..]), QTTS_OK);
+    assert_eq!(finish(s), QTTS_OK);
+    let (got, end) = read_all(s, 4096);
+    assert_eq!(end, 0, "{}", last_error());
+    assert!(got == want, "the audio differs from the whole text's");
+    // SAFETY: a live synthesis, freed once; then the engine.
+    unsafe {
+        qtts_synthesis_free(s);
+        qtts_engine_free(engine);
+    }
+}
+
 #[test]
 fn misuses_are_statuses_with_messages() {
     let engine = load_with(&builtin_options()).unwrap();
@@ -108,6 +143,10 @@ fn misuses_are_statuses_with_messages() {
     bad.live = 2;
     assert_eq!(start(engine, &bad), Err(QTTS_ERR_INVALID_ARGUMENT));
     assert!(last_error().contains("req.live"), "{}", last_error());
+    let mut bad = live();
+    bad.live_start = -2;
+    assert_eq!(start(engine, &bad), Err(QTTS_ERR_INVALID_ARGUMENT));
+    assert!(last_error().contains("req.live_start"), "{}", last_error());
 
     // Text to a synthesis given its whole text.
     let whole = start(engine, &fixed(c"Whole.", 2)).unwrap();

@@ -48,6 +48,11 @@ pub struct BenchArgs {
     /// Milliseconds between two streams' starts (`--streams`).
     #[arg(long, default_value_t = 1000.0)]
     pub stagger_ms: f64,
+    /// Tokens a second of a simulated language model, comma-separated: an answer of `--frames`
+    /// written at each rate, spoken sentence by sentence from the first word and, in the same
+    /// run, a sentence at a time once each is complete (`bench_text`).
+    #[arg(long, value_delimiter = ',')]
+    pub text_rate: Vec<f64>,
     /// Frames per measured run (80 ms each): 750 is 60 s; a longer run is a soak of one-minute
     /// requests spoken one after another (`--request-frames`), reported minute by minute.
     #[arg(long, default_value_t = 750)]
@@ -318,6 +323,12 @@ pub struct RunArgs {
     /// The streams one after the other on an engine of one stream.
     #[arg(long)]
     sequential: bool,
+    /// An answer written at this many tokens a second (`bench_text`).
+    #[arg(long)]
+    text_rate: Option<f64>,
+    /// With `--text-rate`: when each sentence starts.
+    #[arg(long, value_enum, default_value = "paced")]
+    text_start: crate::bench_text::TextStart,
 }
 
 /// `qtts bench-run`.
@@ -336,6 +347,12 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
         talker: a.talker_runtime.runtime(tier),
         ..default
     };
+    if let Some(rate) = a.text_rate {
+        let start = a.text_start;
+        let r = crate::bench_text::measure(&files, config, a.frames, a.prebuffer_ms, rate, start)?;
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
     if a.streams > 0 {
         let stagger = std::time::Duration::from_secs_f64(a.stagger_ms.max(0.0) / 1e3);
         let report = crate::bench_streams::measure(
@@ -357,7 +374,7 @@ pub fn run_one(a: &RunArgs) -> anyhow::Result<()> {
 
 /// One measured configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Config {
+pub(crate) struct Config {
     ty: OutType,
     decoder: DecoderWeights,
     plan: PlanArg,
@@ -370,7 +387,7 @@ struct Config {
 impl Config {
     /// The configuration's label: the plan and the kernels are named when they are not the
     /// defaults.
-    fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         let mut l = format!("{} (dec {}", self.ty.name(), self.decoder.name());
         if self.tier != qtts::kernels::active() {
             l += &format!(", tier {}", self.tier);
@@ -419,7 +436,7 @@ fn child_streams(
 }
 
 /// Runs a child's command; its one line of JSON.
-fn run_child(mut cmd: Command, dir: &Path, c: Config) -> anyhow::Result<String> {
+pub(crate) fn run_child(mut cmd: Command, dir: &Path, c: Config) -> anyhow::Result<String> {
     let out = cmd.output().context("starting qtts bench-run")?;
     anyhow::ensure!(
         out.status.success(),
@@ -434,7 +451,7 @@ fn run_child(mut cmd: Command, dir: &Path, c: Config) -> anyhow::Result<String> 
 }
 
 /// The `qtts bench-run` command of configuration `c`.
-fn child_command(exe: &Path, dir: &Path, c: Config, a: &BenchArgs) -> Command {
+pub(crate) fn child_command(exe: &Path, dir: &Path, c: Config, a: &BenchArgs) -> Command {
     let files = qtts::model::ModelFiles::converted_in(dir, c.ty);
     let files = &files;
     let mut cmd = Command::new(exe);
@@ -650,6 +667,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     );
     if !a.streams.is_empty() {
         return streams(&exe, &dir, &configs, a);
+    }
+    if !a.text_rate.is_empty() {
+        return crate::bench_text::rates(&exe, &dir, &configs, a);
     }
     let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); configs.len()];
     let mut refs = Vec::new();

@@ -74,6 +74,47 @@ impl AudioSink for PlayOn {
     }
 }
 
+/// Requests of a forced length in the default speaker's voice: random weights may sample
+/// end-of-speech at any frame, so the benches force the frame count.
+pub struct Forced {
+    speaker: Option<String>,
+}
+
+impl Forced {
+    /// `req` in the default speaker's voice, in English, of exactly `frames` frames, seeded.
+    pub fn request(&self, mut req: Request, frames: usize, seed: u64) -> Request {
+        req.voice.speaker = self.speaker.clone();
+        req.voice.language = Some("english".into());
+        req.max_frames = Some(frames);
+        req.min_frames = frames;
+        req.seed = seed;
+        req
+    }
+}
+
+/// Loads an engine for a bench of a model with speakers (`flag` names the bench's option in
+/// the refusal of a Base model) and warms it up with one short request.
+pub fn speaking_engine(
+    files: &ModelFiles,
+    config: EngineConfig,
+    flag: &str,
+) -> anyhow::Result<(Engine, Forced)> {
+    let engine = Engine::load(files, config)?;
+    anyhow::ensure!(
+        engine.info().model_type != "base",
+        "{flag} measures a model with speakers (CustomVoice or VoiceDesign)"
+    );
+    let forced = Forced {
+        speaker: engine.info().default_speaker().map(str::to_owned),
+    };
+    let warm = forced.request(Request::text(TEXT), crate::bench::WARMUP_FRAMES, 0);
+    let (done, _) = engine
+        .start(warm, Box::new(qtts::audio::MemorySink::default()))
+        .wait();
+    done?;
+    Ok((engine, forced))
+}
+
 /// Loads an engine of `streams` streams (one with `sequential`) and speaks `streams` requests of
 /// `frames` frames, started `stagger` apart (one after the other's end with `sequential`).
 pub fn measure(
@@ -90,29 +131,8 @@ pub fn measure(
         max_streams: if sequential { 1 } else { streams },
         ..config
     };
-    let engine = Engine::load(files, config)?;
-    let speaker = engine.info().default_speaker().map(str::to_owned);
-    anyhow::ensure!(
-        engine.info().model_type != "base",
-        "--streams measures a model with speakers (CustomVoice or VoiceDesign)"
-    );
-    let request = |frames: usize, seed: u64| {
-        let mut req = Request::text(TEXT);
-        req.voice.speaker = speaker.clone();
-        req.voice.language = Some("english".into());
-        req.max_frames = Some(frames);
-        // Random weights may sample end-of-speech: the frame count is forced.
-        req.min_frames = frames;
-        req.seed = seed;
-        req
-    };
-    let (warm, _) = engine
-        .start(
-            request(crate::bench::WARMUP_FRAMES, 0),
-            Box::new(qtts::audio::MemorySink::default()),
-        )
-        .wait();
-    warm?;
+    let (engine, forced) = speaking_engine(files, config, "--streams")?;
+    let request = |frames: usize, seed: u64| forced.request(Request::text(TEXT), frames, seed);
     let capacity_ms = (frames * FRAME_SAMPLES) as f64 * 1e3 / SAMPLE_RATE as f64 + 1000.0;
     let t0 = Instant::now();
     let mut running = Vec::new();

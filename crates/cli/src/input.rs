@@ -72,6 +72,7 @@ pub(crate) fn requests(
         }),
         keep_codes: args.codes_out.is_some(),
         text_feed: None,
+        feed_start: qtts::engine::FeedStart::default(),
     };
     anyhow::ensure!(
         !args.greedy || base.overrides.is_empty(),

@@ -15,6 +15,7 @@ use qtts::model::convert::{convert, OutType};
 mod bench;
 mod bench_cli;
 mod bench_streams;
+mod bench_text;
 mod cache_cli;
 mod input;
 mod pull_cli;

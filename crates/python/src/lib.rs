@@ -33,8 +33,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use qtts::engine::{
-    Canceller, EngineConfig, EngineError, EngineInfo, FeedError, Job, Request, Summary, TextWriter,
-    ThreadPlan, Worker,
+    Canceller, EngineConfig, EngineError, EngineInfo, FeedError, FeedStart, Job, Request, Summary,
+    TextWriter, ThreadPlan, Worker,
 };
 use qtts::model::ModelFiles;
 use qtts::sampling::SamplingOverrides;
@@ -376,9 +376,12 @@ impl Engine {
     /// Speaks `text`, yielding float32 numpy chunks as the engine makes them (a `Stream`); the
     /// keywords are `synthesize`'s. `live=True`: the text is written while it is spoken (a
     /// language model's answer): `text` is its first piece (`""` for none yet), `Stream.feed`
-    /// adds the rest and `Stream.finish` ends it; speech starts at the first word. One utterance
-    /// (about 150 tokens) for now.
-    #[pyo3(signature = (text, *, voice=None, language=None, instruct=None, seed=0, max_frames=None, min_frames=None, temperature=None, top_k=None, top_p=None, repetition_penalty=None, live=false))]
+    /// adds the rest and `Stream.finish` ends it. One utterance (about 150 tokens) for now.
+    /// `start`: when a live stream starts speaking: `"paced"` (the default: at the first word
+    /// when the text comes at least as fast as speech takes it, 12.5 tokens a second, else once
+    /// enough of it is there that playback will not wait for the rest), `"first_word"`,
+    /// `"text_end"`, or a number of tokens.
+    #[pyo3(signature = (text, *, voice=None, language=None, instruct=None, seed=0, max_frames=None, min_frames=None, temperature=None, top_k=None, top_p=None, repetition_penalty=None, live=false, start=None))]
     #[allow(clippy::too_many_arguments)]
     fn stream(
         &self,
@@ -394,7 +397,28 @@ impl Engine {
         top_p: Option<f32>,
         repetition_penalty: Option<f32>,
         live: bool,
+        start: Option<StartArg>,
     ) -> PyResult<Stream> {
+        let start = match start {
+            None => FeedStart::Paced,
+            Some(StartArg::Tokens(n)) if n >= 1 => FeedStart::Tokens(n as usize),
+            Some(StartArg::Name(s)) => match s.as_str() {
+                "paced" => FeedStart::Paced,
+                "first_word" => FeedStart::FirstWord,
+                "text_end" => FeedStart::TextEnd,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "start: expected \"paced\", \"first_word\", \"text_end\" or a number of \
+                         tokens, found {other:?}"
+                    )))
+                }
+            },
+            Some(StartArg::Tokens(n)) => {
+                return Err(PyValueError::new_err(format!(
+                    "start: expected a number of tokens of at least 1, found {n}"
+                )))
+            }
+        };
         let sampling = Sampling {
             temperature,
             top_k,
@@ -414,6 +438,7 @@ impl Engine {
         )?;
         if let Some(feed) = first {
             req.text_feed = Some(feed);
+            req.feed_start = start;
         }
         let job = self.submit(req)?;
         Ok(Stream {
@@ -629,6 +654,13 @@ enum Unfed {
     Whole,
     /// Its text was finished.
     Finished,
+}
+
+/// `Engine.stream`'s `start`.
+#[derive(FromPyObject)]
+enum StartArg {
+    Tokens(i64),
+    Name(String),
 }
 
 /// The text argument of `Stream.feed`.

@@ -100,6 +100,28 @@ def test_a_live_stream_fed_in_pieces_is_the_whole_texts_audio(engine):
     assert summary.summary()["text_starved_frames"] == 0
 
 
+def test_a_live_stream_starting_at_its_texts_end_waits_for_it(engine):
+    kw = dict(seed=7, max_frames=24, min_frames=24)
+    whole = engine.synthesize(LIVE_TEXT, **kw)
+    s = engine.stream(LIVE_TEXT[:20], live=True, start="text_end", **kw)
+    got = []
+
+    def read():
+        got.extend(s)
+    t = threading.Thread(target=read)
+    t.start()
+    # It cannot start before the text's end, however long this waits.
+    t.join(0.3)
+    assert t.is_alive() and not got
+    s.feed(LIVE_TEXT[20:])
+    s.finish()
+    t.join()
+    assert np.array_equal(np.concatenate(got), whole)
+    for bad in ["soon", 0, -1]:
+        with pytest.raises(ValueError, match="start"):
+            engine.stream("", live=True, start=bad)
+
+
 def test_a_live_stream_refuses_what_it_cannot_take(engine):
     whole = engine.stream("Whole.", max_frames=2, min_frames=2)
     with pytest.raises(qtts.RequestError, match="live=True"):

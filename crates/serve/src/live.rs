@@ -8,13 +8,15 @@
 //!
 //! ```text
 //! client → server
-//!   {"type":"session","voice":"vivian","language":"en","audio":"binary"}  optional, before any text
+//!   {"type":"session","voice":"vivian","language":"en","audio":"binary","start":"paced"}
+//!                                           optional, before any text
 //!   {"type":"text","text":"Hello, wor"}     any piece of the text, mid-word included
 //!   {"type":"flush"}                        the sentence in progress ends here (no end mark needed)
 //!   {"type":"cancel"}                       barge-in: the audio stops now, queued text is dropped
 //!   {"type":"end"}                          no more text: the rest is spoken, then "done"
 //! server → client
-//!   {"type":"session","sample_rate":24000,"channels":1,"format":"pcm_s16le","audio":"binary"}
+//!   {"type":"session","sample_rate":24000,"channels":1,"format":"pcm_s16le","audio":"binary",
+//!    "start":"paced"}
 //!   {"type":"segment","index":0,"job":7,"after_job":6}   a sentence's first audio follows
 //!   binary PCM, or {"type":"audio","index":0,"data":"<base64>"}
 //!   {"type":"segment_end","index":0,"frames":25,"samples":48000,"text_starved_frames":3,"stop":"eos"}
@@ -22,6 +24,11 @@
 //!   {"type":"done"}                         after "end" and all its audio; then the server closes
 //!   {"type":"error","code":"voice_not_found","message":"..."}   then the server closes (1008/1011)
 //! ```
+//!
+//! `start`: when each sentence starts speaking: `"paced"` (the default: at its first word when
+//! the text comes at least as fast as speech takes it, else once enough of it is there that
+//! playback will not wait for the rest), `"first_word"`, `"text_end"` (once the sentence is
+//! complete), or a number of tokens ([`qtts::engine::FeedStart`]).
 //!
 //! The first message, whatever it is, is answered by `session` (the defaults where the client sent
 //! none); `session` after another message is an error. Bounds:
@@ -35,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use base64::Engine as _;
+use qtts::engine::FeedStart;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
@@ -72,6 +80,7 @@ enum ClientMessage {
         voice: Option<String>,
         language: Option<String>,
         audio: Option<AudioEncoding>,
+        start: Option<StartArg>,
     },
     Text {
         text: String,
@@ -79,6 +88,33 @@ enum ClientMessage {
     Flush,
     Cancel,
     End,
+}
+
+/// `session.start`: a policy by name, or a number of tokens.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+enum StartArg {
+    Tokens(usize),
+    Named(StartName),
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum StartName {
+    Paced,
+    FirstWord,
+    TextEnd,
+}
+
+impl StartArg {
+    fn policy(self) -> FeedStart {
+        match self {
+            StartArg::Tokens(n) => FeedStart::Tokens(n.max(1)),
+            StartArg::Named(StartName::Paced) => FeedStart::Paced,
+            StartArg::Named(StartName::FirstWord) => FeedStart::FirstWord,
+            StartArg::Named(StartName::TextEnd) => FeedStart::TextEnd,
+        }
+    }
 }
 
 /// How audio is sent.
@@ -261,6 +297,7 @@ pub(crate) async fn session(
                 voice,
                 language,
                 audio,
+                start,
             } => {
                 if synth.is_some() {
                     break Some(Fail::client(
@@ -277,6 +314,7 @@ pub(crate) async fn session(
                     Ok(v) => Settings {
                         voice: Some(v),
                         audio: audio.unwrap_or_default(),
+                        start: start.map_or(FeedStart::Paced, StartArg::policy),
                     },
                     Err(r) => break Some(Fail::client(r.code, r.message)),
                 };
@@ -312,8 +350,15 @@ pub(crate) async fn session(
         // The first message starts the session: its settings are answered, then its work
         // follows in order.
         if let Some(work_rx) = work_rx.take() {
+            let start = match settings.start {
+                FeedStart::Paced => json!("paced"),
+                FeedStart::FirstWord => json!("first_word"),
+                FeedStart::TextEnd => json!("text_end"),
+                FeedStart::Tokens(n) => json!(n),
+            };
             let hello = json!({"type": "session", "sample_rate": 24_000, "channels": 1,
-                               "format": "pcm_s16le", "audio": settings.audio.name()});
+                               "format": "pcm_s16le", "audio": settings.audio.name(),
+                               "start": start});
             // The queue is empty: nothing produces before the synthesis task starts.
             let _ = out_tx.try_send(Out::Event { gen, value: hello });
             let voice = match settings.voice.take() {
@@ -326,7 +371,7 @@ pub(crate) async fn session(
             synth = Some(tokio::spawn(synthesis(
                 svc.clone(),
                 voice,
-                settings.audio,
+                (settings.audio, settings.start),
                 work_rx,
                 out_tx.clone(),
                 gen_rx.clone(),
@@ -381,6 +426,7 @@ pub(crate) async fn session(
 struct Settings {
     voice: Option<qtts::talker::Voice>,
     audio: AudioEncoding,
+    start: FeedStart,
 }
 
 /// Refuses a name longer than the HTTP API takes ([`crate::speech::MAX_NAME_CHARS`]).
@@ -401,7 +447,7 @@ fn check_name(field: &str, value: Option<&str>) -> Option<Fail> {
 async fn synthesis(
     svc: Arc<Service>,
     voice: qtts::talker::Voice,
-    audio: AudioEncoding,
+    (audio, start): (AudioEncoding, FeedStart),
     mut work: mpsc::Receiver<Work>,
     out: mpsc::Sender<Out>,
     mut gen: watch::Receiver<u64>,
@@ -422,6 +468,7 @@ async fn synthesis(
                     svc: &svc,
                     voice: &voice,
                     audio,
+                    start,
                     out: &out,
                     index,
                     gen: g,
@@ -463,6 +510,7 @@ struct Speak<'a> {
     svc: &'a Arc<Service>,
     voice: &'a qtts::talker::Voice,
     audio: AudioEncoding,
+    start: FeedStart,
     out: &'a mpsc::Sender<Out>,
     index: u64,
     gen: u64,
@@ -495,6 +543,7 @@ impl Speak<'_> {
             Sentence::Fed(feed) => qtts::engine::Request::fed(feed),
         };
         req.voice = self.voice.clone();
+        req.feed_start = self.start;
         req.mode = svc.text_mode;
         req.frame_limit = Some(svc.limits.max_frames);
         let mut job = svc.admit(req, "live").map_err(|r| {

@@ -144,13 +144,24 @@ pub enum Cutter {
 }
 
 impl Cutter {
-    /// The cutter for requests in text mode `mode`.
+    /// The cutter for requests in text mode `mode`: [`Cutter::live`] for the streaming mode (the
+    /// one a text feed takes), else [`Cutter::whole`].
     pub fn new(mode: TextMode) -> Cutter {
         if mode == TextMode::Streaming {
-            Cutter::Live(Live::default(), None)
+            Cutter::live()
         } else {
-            Cutter::Whole(Sentences::default())
+            Cutter::whole()
         }
+    }
+
+    /// Each sentence a fed request from its first character.
+    pub fn live() -> Cutter {
+        Cutter::Live(Live::default(), None)
+    }
+
+    /// Each sentence a request once complete.
+    pub fn whole() -> Cutter {
+        Cutter::Whole(Sentences::default())
     }
 
     /// Takes more text: returns the sentences to queue (complete ones, or fed ones begun), in

@@ -113,6 +113,8 @@ struct State {
     repos: Vec<Repo>,
     faults: Faults,
     sent: HashMap<String, u64>,
+    /// Where each request for a file's bytes started (its Range, else 0), in order.
+    starts: HashMap<String, Vec<u64>>,
 }
 
 /// The server; it runs until the test process ends.
@@ -155,6 +157,17 @@ impl FakeHub {
     /// Requests answered so far.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::SeqCst)
+    }
+
+    /// Where each request for `file`'s bytes started, in order (all repositories).
+    pub fn starts(&self, file: &str) -> Vec<u64> {
+        self.state
+            .lock()
+            .unwrap()
+            .starts
+            .get(file)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Body bytes of `file` sent so far (all repositories).
@@ -337,6 +350,7 @@ fn send_bytes(
     }
     let (cut, flip, pace) = {
         let mut st = state.lock().unwrap();
+        st.starts.entry(f.name.clone()).or_default().push(start);
         let cut = match &mut st.faults.drop {
             Some((name, n, k)) if *name == f.name && *n > 0 => {
                 *n -= 1;

@@ -79,7 +79,7 @@ def test_sentences_in_pieces_are_the_sentences_sent_whole(server):
     msgs, code = run(go())
     k = kinds(msgs)
     assert msgs[0] == {"type": "session", "sample_rate": 24000, "channels": 1,
-                       "format": "pcm_s16le", "audio": "binary"}
+                       "format": "pcm_s16le", "audio": "binary", "start": "paced"}
     assert k[-1] == "done" and code == 1000
     assert k.count("segment") == 2 and k.count("segment_end") == 2
     ends = [m for m in msgs if isinstance(m, dict) and m["type"] == "segment_end"]
@@ -124,6 +124,30 @@ def test_flush_ends_a_sentence_without_its_mark_and_base64_audio(server):
     assert audio[1] == whole(server, "and more")
 
 
+def test_a_sentence_starting_at_its_end_waits_for_it(server):
+    async def go():
+        async with connect(url(server)) as ws:
+            await send(ws, type="session", start="text_end")
+            hello = json.loads(await ws.recv())
+            await send(ws, type="text", text="Hello there, this is the first")
+            # The sentence cannot start before its end, however long this waits.
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(ws.recv(), 0.5)
+            await send(ws, type="text", text=" sentence.")
+            await send(ws, type="end")
+            return hello, await messages(ws)
+    hello, msgs = run(go())
+    assert hello["start"] == "text_end"
+    assert kinds(msgs)[0] == "segment" and kinds(msgs)[-1] == "done"
+    assert segments(msgs)[0] == whole(server, "Hello there, this is the first sentence.")
+
+    async def tokens():
+        async with connect(url(server)) as ws:
+            await send(ws, type="session", start=3)
+            return json.loads(await ws.recv())
+    assert run(tokens())["start"] == 3
+
+
 def test_cancel_stops_the_sentence_and_the_session_goes_on(server):
     ok = server.metric("qtts_requests_total", frontend="live", code="ok")
 
@@ -160,6 +184,7 @@ def test_cancel_stops_the_sentence_and_the_session_goes_on(server):
     ({"type": "speak", "text": "hi"}, "invalid_request"),
     ({"type": "text"}, "invalid_request"),
     ({"type": "text", "text": "hi", "extra": 1}, "invalid_request"),
+    ({"type": "session", "start": "soon"}, "invalid_request"),
 ])
 def test_a_bad_message_is_an_error_then_close(server, first, code):
     async def go():
