@@ -1,5 +1,5 @@
 //! The requests of a `speak` or `synth` run: the text argument, token ids, or standard input
-//! (line by line, or `--live`: each line fed to the engine as it is written).
+//! (sentence by sentence, each fed to the engine as it is written, or `--lines`: line by line).
 
 use anyhow::Context as _;
 
@@ -87,7 +87,7 @@ pub(crate) fn requests(
     }
     match args.text.as_deref() {
         None => anyhow::bail!("no text: pass it as an argument, or - to read standard input"),
-        Some("-") if args.live => Ok(Box::new(live_lines(base))),
+        Some("-") if !args.lines => Ok(Box::new(live_sentences(base))),
         Some("-") => Ok(Box::new(std::io::stdin().lines().filter_map(
             move |line| match line {
                 Ok(l) if l.trim().is_empty() => None,
@@ -109,62 +109,82 @@ pub(crate) fn requests(
     }
 }
 
-/// `speak - --live`: one fed request per line of standard input, each made when its line's first
-/// byte arrives; a thread pushes the line's bytes into the request's feed as they come and
-/// finishes it at the line's end.
-fn live_lines(
+/// Sentences read from standard input and not yet taken by the engine, at most: 64 (each waits
+/// for the one before it to be spoken).
+const SENTENCE_QUEUE: usize = 64;
+
+/// `speak -`: standard input cut into sentences as it is read (a line's end ends one too), each
+/// one request, in order: fed from its first character in the streaming text mode (spoken from
+/// its first word, with the audio of the sentence read whole), else queued once complete (the
+/// other text modes, and a cloned voice speaking in context, take no feed).
+fn live_sentences(
     base: qtts::engine::Request,
 ) -> impl Iterator<Item = anyhow::Result<qtts::engine::Request>> {
+    use qtts_serve::sentences::{Cutter, Sentence};
     use std::io::Read;
-    let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(1);
-    let (writer_tx, writer_rx) = crossbeam_channel::bounded::<qtts::engine::TextWriter>(1);
+    let live = base.mode == qtts::talker::TextMode::Streaming && base.voice.reference.is_none();
+    let (tx, rx) = crossbeam_channel::bounded::<anyhow::Result<Sentence>>(SENTENCE_QUEUE);
     std::thread::spawn(move || {
+        let mut cut = if live {
+            Cutter::live()
+        } else {
+            Cutter::whole()
+        };
+        // Sends what the cutter gave; false once the engine's side is gone.
+        let send = |s: Vec<Sentence>| s.into_iter().all(|s| tx.send(Ok(s)).is_ok());
         let mut stdin = std::io::stdin().lock();
         let mut buf = [0u8; 4096];
-        let mut line: Option<qtts::engine::TextWriter> = None;
+        // Bytes of a character split across reads.
+        let mut partial: Vec<u8> = Vec::new();
+        let mut offset = 0usize;
         loop {
             let n = match stdin.read(&mut buf) {
-                Ok(0) | Err(_) => break,
+                Ok(0) => break,
                 Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let _ = tx.send(Err(anyhow::Error::from(e).context("reading standard input")));
+                    return;
+                }
             };
-            let mut rest = &buf[..n];
-            while !rest.is_empty() {
-                if line.is_none() {
-                    // A new line: ask for its request, then feed it.
-                    if started_tx.send(()).is_err() {
-                        return;
-                    }
-                    match writer_rx.recv() {
-                        Ok(w) => line = Some(w),
-                        Err(_) => return,
-                    }
+            partial.extend_from_slice(&buf[..n]);
+            let valid = match std::str::from_utf8(&partial) {
+                Ok(t) => t.len(),
+                Err(e) if e.error_len().is_none() => e.valid_up_to(),
+                Err(e) => {
+                    let at = offset + e.valid_up_to();
+                    let _ = tx.send(Err(anyhow::anyhow!(
+                        "standard input is not UTF-8 text (an invalid byte at {at}): give text"
+                    )));
+                    return;
                 }
-                let (piece, end) = match rest.iter().position(|&b| b == b'\n') {
-                    Some(i) => (&rest[..i], true),
-                    None => (rest, false),
-                };
-                if let Some(w) = line.as_mut() {
-                    // A request that ended (end of speech, a cancel) takes no more: drop the rest.
-                    let _ = w.push_bytes(piece);
+            };
+            offset += valid;
+            let text: Vec<u8> = partial.drain(..valid).collect();
+            let text = String::from_utf8_lossy(&text);
+            for (i, line) in text.split('\n').enumerate() {
+                if i > 0 && !send(cut.finish().into_iter().collect()) {
+                    return;
                 }
-                rest = &rest[piece.len() + end as usize..];
-                if end {
-                    if let Some(w) = line.take() {
-                        let _ = w.finish();
-                    }
+                if !send(cut.push(line)) {
+                    return;
                 }
             }
         }
-        if let Some(w) = line.take() {
-            let _ = w.finish();
+        if !partial.is_empty() {
+            let _ = tx.send(Err(anyhow::anyhow!(
+                "standard input ends inside a UTF-8 character (at byte {offset}): give text"
+            )));
+            return;
         }
+        let _ = send(cut.finish().into_iter().collect());
     });
-    std::iter::from_fn(move || {
-        started_rx.recv().ok()?;
-        let (writer, handle) = qtts::engine::text_feed();
-        writer_tx.send(writer).ok()?;
+    rx.into_iter().map(move |s| {
         let mut r = base.clone();
-        r.text_feed = Some(handle);
-        Some(Ok(r))
+        match s? {
+            Sentence::Fed(handle) => r.text_feed = Some(handle),
+            Sentence::Whole(text) => r.input = qtts::talker::TextInput::Text(text),
+        }
+        Ok(r)
     })
 }

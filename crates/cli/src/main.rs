@@ -141,12 +141,16 @@ enum Command {
 /// Options shared by `speak` and `synth`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct SpeakArgs {
-    /// The text; `-` reads standard input line by line (one request per line: pipe an LLM in).
+    /// The text; `-` reads standard input (pipe a language model in): each sentence is spoken
+    /// from its first word while it is being written (a line's end ends a sentence too), with
+    /// the audio of the same sentence read whole; at most 150 tokens a sentence. Sentences start
+    /// at the pace of the text (`FeedStart::Paced`).
     text: Option<String>,
-    /// With `-`: speak each line from its first word, while it is being written (the text goes to
-    /// the engine as it arrives, and the audio is the same as for the whole line); one utterance
-    /// a line, at most 150 tokens. Without it, each line is spoken once it is complete.
+    /// With `-`: one request per line, each spoken once the line is complete (the line mode).
     #[arg(long)]
+    lines: bool,
+    /// With `-`: what `-` does without `--lines` (kept for the scripts that ask for it).
+    #[arg(long, hide = true, conflicts_with = "lines")]
     live: bool,
     /// A model: a directory with talker-<type>.gguf and mmproj-<type>.gguf, a talker GGUF, an
     /// official Hugging Face checkpoint directory (converted once into the cache), or a Hub
@@ -370,8 +374,11 @@ fn run_all(
         };
         let (summary, back) = finished;
         sink = back;
-        // A blank line of `--live` input speaks nothing, as a blank line does without it.
-        if matches!(summary, Err(qtts::engine::EngineError::EmptyText)) && args.live {
+        // A sentence of standard input with nothing to speak is skipped, as a blank line is.
+        if matches!(summary, Err(qtts::engine::EngineError::EmptyText))
+            && args.text.as_deref() == Some("-")
+            && !args.lines
+        {
             continue;
         }
         let summary = summary?;

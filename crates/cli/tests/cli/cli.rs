@@ -317,14 +317,15 @@ fn synth_reads_standard_input_line_by_line() {
     );
 }
 
-/// `synth - --live`: each line fed to the engine as it is written, here a few bytes at a time
-/// with pauses (mid-word, mid-character), gives the very samples of the same lines read whole.
+/// `synth -`: standard input cut into sentences as it is read (a line's end ends one too), each
+/// fed to the engine as it is written, here a few bytes at a time with pauses (mid-word,
+/// mid-character), gives the very samples of the same sentences read whole, one a line
+/// (`--lines`); `--live`, the old name of the default, still does the same.
 #[test]
-fn live_standard_input_speaks_the_lines_as_read_whole() {
+fn standard_input_speaks_each_sentence_as_read_whole() {
     let tmp = tempfile::tempdir().unwrap();
-    let input = "Hello there, general.\n\nCafé, déjà vu!\nthird\n".as_bytes();
-    let run = |live: bool| {
-        let wav = tmp.path().join(format!("live-{live}.wav"));
+    let run = |extra: &[&str], input: &[u8]| {
+        let wav = tmp.path().join("stdin.wav");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_qtts"));
         cmd.args([
             "synth",
@@ -335,15 +336,13 @@ fn live_standard_input_speaks_the_lines_as_read_whole() {
             "--sample-format",
             "f32",
         ])
+        .args(extra)
         .arg("--out")
         .arg(&wav)
         .env("HOME", tmp.path())
         .env("XDG_CACHE_HOME", tmp.path().join("cache"))
         .stdin(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-        if live {
-            cmd.arg("--live");
-        }
         let mut child = cmd.spawn().unwrap();
         {
             use std::io::Write;
@@ -358,10 +357,19 @@ fn live_standard_input_speaks_the_lines_as_read_whole() {
         assert!(r.status.success(), "{}", stderr(&r));
         (read_wav(&wav), stderr(&r))
     };
-    let (whole, _) = run(false);
-    let (live, err) = run(true);
-    assert!(!whole.is_empty());
-    assert!(live == whole, "--live differs from whole lines: {err}");
+    let (whole, _) = run(
+        &["--lines"],
+        "Hello there, general.\nCafé, déjà vu!\nthird\n".as_bytes(),
+    );
+    assert_eq!(whole.len(), 3 * 6 * 1920, "three lines of 6 frames");
+    let streamed = "Hello there, general. Café, déjà vu!\n\nthird\n".as_bytes();
+    let (live, err) = run(&[], streamed);
+    assert!(
+        live == whole,
+        "sentences differ from the same sentences read whole: {err}"
+    );
+    let (old, err) = run(&["--live"], streamed);
+    assert!(old == whole, "--live differs: {err}");
 }
 
 #[cfg(feature = "playback")]
