@@ -272,16 +272,8 @@ fn check_key(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     Err(e)
 }
 
-fn count(app: &App, format: &'static str, code: impl Into<String>) {
-    app.svc
-        .metrics
-        .requests
-        .get_or_create(&crate::metrics::RequestLabels {
-            frontend: "http",
-            format,
-            code: code.into(),
-        })
-        .inc();
+fn count(app: &App, format: &'static str, code: &str) {
+    app.svc.metrics.count_request("http", format, code);
 }
 
 async fn speech(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {

@@ -48,7 +48,6 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::encode::push_s16le;
-use crate::metrics::RequestLabels;
 use crate::sentences::{Cutter, Sentence};
 use crate::service::{Event as Audio, Pending, Refused, Service};
 
@@ -187,14 +186,7 @@ impl Fail {
 }
 
 fn count(svc: &Service, code: &str) {
-    svc.metrics
-        .requests
-        .get_or_create(&RequestLabels {
-            frontend: "live",
-            format: "pcm",
-            code: code.to_string(),
-        })
-        .inc();
+    svc.metrics.count_request("live", "pcm", code);
 }
 
 /// Runs one session on an upgraded socket; `permit` is its place among [`MAX_SESSIONS`].

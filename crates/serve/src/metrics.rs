@@ -253,6 +253,18 @@ impl ServerMetrics {
         ServerMetrics { registry, ..m }
     }
 
+    /// Counts a request of front end `frontend` in `format` answered `code` (an HTTP status or
+    /// an error code).
+    pub fn count_request(&self, frontend: &'static str, format: &'static str, code: &str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                frontend,
+                format,
+                code: code.to_owned(),
+            })
+            .inc();
+    }
+
     /// Adds a finished request's engine figures.
     pub fn record_summary(&self, s: &qtts::engine::Summary) {
         self.frames.inc_by(s.frames as u64);

@@ -17,7 +17,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::encode::push_s16le;
-use crate::metrics::RequestLabels;
 use crate::service::{Event as Audio, Pending, Refused, Service};
 
 /// Wait for the first event of a connection: 30 s.
@@ -129,14 +128,7 @@ impl Fail {
 
 /// Counts a Wyoming request that ended `code` (`ok` or an error code).
 fn count(svc: &Service, code: &str) {
-    svc.metrics
-        .requests
-        .get_or_create(&RequestLabels {
-            frontend: "wyoming",
-            format: "wyoming",
-            code: code.to_string(),
-        })
-        .inc();
+    svc.metrics.count_request("wyoming", "wyoming", code);
 }
 
 async fn connection(sock: TcpStream, svc: Arc<Service>, info: Arc<Vec<u8>>) {
