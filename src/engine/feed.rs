@@ -58,6 +58,31 @@ pub enum FeedStart {
     TextEnd,
 }
 
+impl FeedStart {
+    /// The policies with a name, as every face spells them (`Tokens` is given as a number).
+    pub const NAMED: [(&'static str, FeedStart); 3] = [
+        ("paced", FeedStart::Paced),
+        ("first_word", FeedStart::FirstWord),
+        ("text_end", FeedStart::TextEnd),
+    ];
+
+    /// The policy named `name` ([`FeedStart::NAMED`]).
+    pub fn by_name(name: &str) -> Option<FeedStart> {
+        Self::NAMED
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, s)| s)
+    }
+
+    /// Its name ([`FeedStart::NAMED`]); `None` for [`FeedStart::Tokens`].
+    pub fn name(self) -> Option<&'static str> {
+        Self::NAMED
+            .iter()
+            .find(|(_, s)| *s == self)
+            .map(|&(n, _)| n)
+    }
+}
+
 /// Tokens [`FeedStart::Paced`] keeps the text ahead of playback for: 24 (a sentence).
 pub const PACE_HORIZON: usize = 24;
 
@@ -366,5 +391,15 @@ mod tests {
         // 2 a second: nearly the whole horizon first.
         assert!(!paced_start(20, 10.0));
         assert!(paced_start(22, 11.0));
+    }
+
+    #[test]
+    fn every_named_policy_is_found_by_its_name() {
+        for (name, start) in FeedStart::NAMED {
+            assert_eq!(FeedStart::by_name(name), Some(start));
+            assert_eq!(start.name(), Some(name));
+        }
+        assert_eq!(FeedStart::by_name("soon"), None);
+        assert_eq!(FeedStart::Tokens(3).name(), None);
     }
 }

@@ -402,17 +402,13 @@ impl Engine {
         let start = match start {
             None => FeedStart::Paced,
             Some(StartArg::Tokens(n)) if n >= 1 => FeedStart::Tokens(n as usize),
-            Some(StartArg::Name(s)) => match s.as_str() {
-                "paced" => FeedStart::Paced,
-                "first_word" => FeedStart::FirstWord,
-                "text_end" => FeedStart::TextEnd,
-                other => {
-                    return Err(PyValueError::new_err(format!(
-                        "start: expected \"paced\", \"first_word\", \"text_end\" or a number of \
-                         tokens, found {other:?}"
-                    )))
-                }
-            },
+            Some(StartArg::Name(s)) => FeedStart::by_name(&s).ok_or_else(|| {
+                let names: Vec<&str> = FeedStart::NAMED.iter().map(|(n, _)| *n).collect();
+                PyValueError::new_err(format!(
+                    "start: expected {} or a number of tokens, found {s:?}",
+                    names.join(", ")
+                ))
+            })?,
             Some(StartArg::Tokens(n)) => {
                 return Err(PyValueError::new_err(format!(
                     "start: expected a number of tokens of at least 1, found {n}"

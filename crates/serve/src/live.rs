@@ -89,29 +89,28 @@ enum ClientMessage {
     End,
 }
 
-/// `session.start`: a policy by name, or a number of tokens.
-#[derive(Debug, Clone, Copy, Deserialize)]
+/// `session.start`: a policy by name ([`FeedStart::NAMED`]), or a number of tokens.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 enum StartArg {
     Tokens(usize),
-    Named(StartName),
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum StartName {
-    Paced,
-    FirstWord,
-    TextEnd,
+    Named(String),
 }
 
 impl StartArg {
-    fn policy(self) -> FeedStart {
+    fn policy(self) -> Result<FeedStart, Fail> {
         match self {
-            StartArg::Tokens(n) => FeedStart::Tokens(n.max(1)),
-            StartArg::Named(StartName::Paced) => FeedStart::Paced,
-            StartArg::Named(StartName::FirstWord) => FeedStart::FirstWord,
-            StartArg::Named(StartName::TextEnd) => FeedStart::TextEnd,
+            StartArg::Tokens(n) => Ok(FeedStart::Tokens(n.max(1))),
+            StartArg::Named(name) => FeedStart::by_name(&name).ok_or_else(|| {
+                let names: Vec<&str> = FeedStart::NAMED.iter().map(|(n, _)| *n).collect();
+                Fail::client(
+                    "invalid_request",
+                    format!(
+                        "session.start: expected {} or a number of tokens, found {name:?}",
+                        names.join(", ")
+                    ),
+                )
+            }),
         }
     }
 }
@@ -213,17 +212,18 @@ pub(crate) async fn session(
         let msg = tokio::select! {
             m = ws.recv() => m,
             out = out_rx.recv() => {
-                // The synthesis task holds a sender until it ends; `None` only after it did.
+                // Never `None`: this loop holds a sender too.
                 let Some(out) = out else { break None };
-                let (msg, then) = match out {
-                    Out::Audio { gen: g, msg } if g == gen => (msg, None),
-                    Out::Event { gen: g, value } if g == gen => (Message::text(value.to_string()), None),
+                // Older generations' audio and events are dropped (a cancel came after them).
+                let (msg, last) = match out {
+                    Out::Audio { gen: g, msg } if g == gen => (msg, false),
+                    Out::Event { gen: g, value } if g == gen => (Message::text(value.to_string()), false),
                     Out::Audio { .. } | Out::Event { .. } => continue,
                     Out::Fail(f) => break Some(f),
-                    Out::Close => (Message::Close(Some(CloseFrame { code: 1000, reason: "done".into() })), Some(())),
+                    Out::Close => (Message::Close(Some(CloseFrame { code: 1000, reason: "done".into() })), true),
                 };
                 match tokio::time::timeout(stall, ws.send(msg)).await {
-                    Ok(Ok(())) if then.is_none() => continue,
+                    Ok(Ok(())) if !last => continue,
                     _ => break None,
                 }
             }
@@ -302,11 +302,15 @@ pub(crate) async fn session(
                 {
                     break Some(f);
                 }
+                let start = match start.map_or(Ok(FeedStart::Paced), StartArg::policy) {
+                    Ok(s) => s,
+                    Err(f) => break Some(f),
+                };
                 settings = match svc.voice_in(voice.as_deref(), language.as_deref()) {
                     Ok(v) => Settings {
                         voice: Some(v),
                         audio: audio.unwrap_or_default(),
-                        start: start.map_or(FeedStart::Paced, StartArg::policy),
+                        start,
                     },
                     Err(r) => break Some(Fail::client(r.code, r.message)),
                 };
@@ -343,10 +347,8 @@ pub(crate) async fn session(
         // follows in order.
         if let Some(work_rx) = work_rx.take() {
             let start = match settings.start {
-                FeedStart::Paced => json!("paced"),
-                FeedStart::FirstWord => json!("first_word"),
-                FeedStart::TextEnd => json!("text_end"),
                 FeedStart::Tokens(n) => json!(n),
+                s => json!(s.name()),
             };
             let hello = json!({"type": "session", "sample_rate": 24_000, "channels": 1,
                                "format": "pcm_s16le", "audio": settings.audio.name(),
