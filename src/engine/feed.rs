@@ -90,9 +90,11 @@ pub const PACE_HORIZON: usize = 24;
 const FRAME_SECONDS: f64 = 0.08;
 
 /// Seconds from a token's arrival to its frame's audio, at most, that [`FeedStart::Paced`]
-/// keeps in hand: the frame itself and the decoder's chunk of up to 4 frames, about 0.25 s (at
-/// 10 tokens a second, starting without it cost 5 underruns over 20 s in `qtts bench
-/// --text-rate`; with it, none).
+/// keeps in hand: the frame itself and the decoder's chunk of up to 4 frames, about 0.25 s. At
+/// 10 tokens a second (`qtts bench --text-rate`, 20 s answers, 100 ms player buffer) starting
+/// without it cost 5 underruns; with it 2 to 6 remain, about 0.4 s after the first audio, where
+/// a sentence spoken once complete has them too on the avx512 tier (the first decoder calls'
+/// ramp, docs/perf-log/2026-12-07-text-rate.md).
 const PIPELINE_SECONDS: f64 = 0.25;
 
 #[derive(Debug)]
