@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use qtts::audio::{ring, AudioError, AudioSink, PacedDevice, RingSink, SAMPLE_RATE};
 use qtts::engine::{downcast_sink, EngineConfig, Request};
 use qtts::model::ModelFiles;
-use qtts_serve::sentences::{Cutter, Sentence, Sentences};
+use qtts_serve::sentences::{Cutter, Sentence};
 
 use crate::bench::PERIOD_SAMPLES;
 
@@ -92,20 +92,21 @@ pub struct TextRateReport {
     pub audio_hash: u64,
 }
 
-/// The answer: whole sentences of [`ANSWER`], in turn, until they make `frames` frames.
-fn answer(frames: usize) -> String {
-    let (mut text, mut made) = (String::new(), 0usize);
+/// The answer: whole sentences of [`ANSWER`], in turn, until they make `frames` frames; with
+/// each sentence's forced length, in order.
+fn answer(frames: usize) -> (String, Vec<usize>) {
+    let (mut text, mut lengths) = (String::new(), Vec::new());
     for s in ANSWER.iter().cycle() {
-        if made >= frames {
+        if lengths.iter().sum::<usize>() >= frames {
             break;
         }
         if !text.is_empty() {
             text.push(' ');
         }
         text.push_str(s);
-        made += sentence_frames(s);
+        lengths.push(sentence_frames(s));
     }
-    text
+    (text, lengths)
 }
 
 /// The forced length of a sentence.
@@ -191,14 +192,7 @@ pub fn measure(
         ..config
     };
     let (engine, forced) = crate::bench_streams::speaking_engine(files, config, "--text-rate")?;
-    let request = |req: Request, frames: usize, seed: u64| forced.request(req, frames, seed);
-    let text = answer(frames);
-    let lengths: Vec<usize> = {
-        let mut s = Sentences::default();
-        let mut all = s.push(&text);
-        all.extend(s.finish());
-        all.iter().map(|s| sentence_frames(s)).collect()
-    };
+    let (text, lengths) = answer(frames);
     let total: usize = lengths.iter().sum();
     let capacity_ms = (total * qtts::audio::FRAME_SAMPLES) as f64 * 1e3 / SAMPLE_RATE as f64;
     let (ring, player) = ring(capacity_ms + 1000.0, prebuffer_ms);
@@ -239,7 +233,6 @@ pub fn measure(
         t0.elapsed()
     });
     let (mut first_audio, mut starved, mut audio_s, mut rtf_max) = (None, 0, 0.0, 0.0f64);
-    let mut sentences = 0usize;
     let mut ends = Vec::new();
     for (k, sentence) in rx.iter().enumerate() {
         let frames = *lengths
@@ -257,7 +250,7 @@ pub fn measure(
         };
         let started = t0.elapsed();
         let (summary, back) = engine
-            .start(request(req, frames, 1 + k as u64), sink)
+            .start(forced.request(req, frames, 1 + k as u64), sink)
             .wait();
         sink = back;
         let summary = summary?;
@@ -267,7 +260,6 @@ pub fn measure(
         starved += summary.text_starved_frames;
         audio_s += summary.audio_seconds();
         rtf_max = rtf_max.max(summary.generated.as_secs_f64() / summary.audio_seconds().max(1e-9));
-        sentences += 1;
         ends.push(t0.elapsed().as_secs_f64());
     }
     let writing = writer
@@ -286,7 +278,7 @@ pub fn measure(
         first_audio_ms: first_audio.unwrap_or_default().as_secs_f64() * 1e3,
         writing_s: writing.as_secs_f64(),
         audio_s,
-        sentences,
+        sentences: ends.len(),
         text_starved_frames: starved,
         underruns: shared.underruns(),
         underrun_s: shared
@@ -386,10 +378,11 @@ pub fn table(rows: &[(String, TextRateReport)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use qtts_serve::sentences::Sentences;
 
     #[test]
     fn writer_tokens_cover_the_text_in_short_pieces() {
-        let text = answer(600);
+        let (text, lengths) = answer(600);
         let tokens = writer_tokens(&text);
         assert_eq!(tokens.concat(), text);
         assert!(tokens.iter().all(|t| t.chars().count() <= TOKEN_CHARS));
@@ -398,11 +391,13 @@ mod tests {
             writer_tokens("Sure, a reminder? Temperatures"),
             ["Sure", ",", " a", " reminde", "r", "?", " Tempera", "tures"]
         );
-        // Whole sentences until the frames are reached, and no more.
+        // Whole sentences until the frames are reached, and no more; the lengths are those of
+        // the sentences the cutter finds in the text.
         let mut s = Sentences::default();
         let mut all = s.push(&text);
         all.extend(s.finish());
         let frames: Vec<usize> = all.iter().map(|s| sentence_frames(s)).collect();
+        assert_eq!(frames, lengths);
         let total: usize = frames.iter().sum();
         assert!(
             total >= 600 && total - frames.last().unwrap() < 600,
