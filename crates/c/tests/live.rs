@@ -36,16 +36,22 @@ struct Handle(*mut QttsSynthesis);
 // SAFETY: the library's synthesis may be fed from any thread (a mutex guards its writer).
 unsafe impl Send for Handle {}
 
-#[test]
-fn a_live_synthesis_fed_in_pieces_is_the_whole_texts_audio() {
-    let engine = load_with(&builtin_options()).unwrap();
+/// The audio of [`TEXT`] given whole (no frame waits for text).
+fn whole_texts_audio(engine: *mut QttsEngine) -> Vec<f32> {
     let whole = CString::new(TEXT).unwrap();
     let s = start(engine, &fixed(&whole, FRAMES)).unwrap();
-    let (want, end) = read_all(s, 4096);
+    let (audio, end) = read_all(s, 4096);
     assert_eq!(end, 0, "{}", last_error());
     assert_eq!(summary(s).unwrap().text_starved_frames, 0);
     // SAFETY: a live synthesis, freed once.
     unsafe { qtts_synthesis_free(s) };
+    audio
+}
+
+#[test]
+fn a_live_synthesis_fed_in_pieces_is_the_whole_texts_audio() {
+    let engine = load_with(&builtin_options()).unwrap();
+    let want = whole_texts_audio(engine);
     let bytes = TEXT.as_bytes();
     for round in 0..3u64 {
         let s = start(engine, &live()).unwrap();
@@ -106,11 +112,7 @@ fn a_live_synthesis_fed_in_pieces_is_the_whole_texts_audio() {
 #[test]
 fn a_synthesis_starting_at_the_texts_end_waits_for_it() {
     let engine = load_with(&builtin_options()).unwrap();
-    let whole = CString::new(TEXT).unwrap();
-    let s = start(engine, &fixed(&whole, FRAMES)).unwrap();
-    let (want, _) = read_all(s, 4096);
-    // SAFETY: a live synthesis, freed once.
-    unsafe { qtts_synthesis_free(s) };
+    let want = whole_texts_audio(engine);
     let mut r = live();
     r.live_start = -1;
     let s = start(engine, &r).unwrap();
