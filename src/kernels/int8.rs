@@ -284,7 +284,7 @@ pub unsafe fn conv(
             r0,
         };
         for b in b0..b1 {
-            let (nb, rows) = super::bf16::block(s.t_out, b);
+            let (nb, rows) = super::bf16::block(s, b);
             // SAFETY: the caller's contract; rows below t_out read input rows below r1,
             // columns of block nb < n.
             unsafe {

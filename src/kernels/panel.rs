@@ -205,7 +205,7 @@ unsafe fn conv_weights(
     mut then: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>),
 ) {
     for b in b0..b1 {
-        let (nb, rows) = super::bf16::block(s.t_out, b);
+        let (nb, rows) = super::bf16::block(s, b);
         // SAFETY: the caller's contract; rows below t_out, columns of block nb < n.
         unsafe {
             match (kernel, w) {

@@ -3,9 +3,12 @@
 //! of the decoder's time in `sinf` and 7 % in the elementwise passes (PERFORMANCE.md).
 //!
 //! `sin²` needs no sign: with `t = jπ/2 + r`, `|r| ≤ π/4`, it is `sin² r` for even `j` and
-//! `cos² r` for odd `j`. `r` comes from a three-part Cody–Waite reduction and the two
-//! polynomials are Cephes' `sinf`/`cosf` ones (absolute error about 1e-7 on `[-π/4, π/4]`).
-//! Arguments beyond [`REDUCED`] (where the reduction loses accuracy) take `f32::sin`.
+//! `cos² r = 1 − sin² r` for odd `j` (at least 1/2 there, so the difference loses nothing), so
+//! one polynomial serves both. `r` comes from a three-part Cody–Waite reduction and the polynomial
+//! is Cephes' `sinf` one (absolute error about 1e-7 on `[-π/4, π/4]`), each step one fused
+//! multiply-add where it has the form of one (`f32::mul_add` in the scalar twin, correctly
+//! rounded as the vector instructions). Arguments beyond [`REDUCED`] (where the reduction loses
+//! accuracy) take `f32::sin`.
 
 /// Largest |α·x| reduced by the polynomial path.
 pub const REDUCED: f32 = 32768.0;
@@ -17,9 +20,6 @@ pub(crate) const TWO_OVER_PI: f32 = std::f32::consts::FRAC_2_PI;
 pub(crate) const S1: f32 = -1.666_665_5e-1;
 pub(crate) const S2: f32 = 8.332_161e-3;
 pub(crate) const S3: f32 = -1.951_529_6e-4;
-pub(crate) const C1: f32 = 4.166_664_6e-2;
-pub(crate) const C2: f32 = -1.388_731_6e-3;
-pub(crate) const C3: f32 = 2.443_315_7e-5;
 
 /// `sin²(t)`, scalar, the same arithmetic as the SIMD path.
 #[inline]
@@ -29,16 +29,25 @@ pub fn sin2(t: f32) -> f32 {
         return s * s;
     }
     let j = (t * TWO_OVER_PI).round_ties_even();
-    let r = ((t - j * PIO2_1) - j * PIO2_2) - j * PIO2_3;
+    let r = (-j).mul_add(PIO2_3, (-j).mul_add(PIO2_2, (-j).mul_add(PIO2_1, t)));
     let z = r * r;
-    let s = r + r * z * (S1 + z * (S2 + z * S3));
-    let c = 1.0 - 0.5 * z + z * z * (C1 + z * (C2 + z * C3));
-    let v = if (j as i32) & 1 == 0 { s } else { c };
-    v * v
+    let s = (r * z).mul_add(z.mul_add(z.mul_add(S3, S2), S1), r);
+    let s2 = s * s;
+    if (j as i32) & 1 == 0 {
+        s2
+    } else {
+        1.0 - s2
+    }
+}
+
+/// `x + inv_beta · sin²(alpha · x)`, scalar, the same arithmetic as the SIMD path.
+#[inline]
+pub fn snake(x: f32, alpha: f32, inv_beta: f32) -> f32 {
+    inv_beta.mul_add(sin2(alpha * x), x)
 }
 
 /// The instructions [`row_with`] computes with. All give the same bits: the same operations in
-/// the same order, no fused multiply-add.
+/// the same order, the same fused multiply-adds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     /// One value at a time ([`sin2`]).
@@ -102,7 +111,7 @@ pub fn row_with(kernel: Kernel, x: &[f32], alpha: &[f32], inv_beta: &[f32], y: &
         _ => 0,
     };
     for i in done..n {
-        y[i] = x[i] + inv_beta[i] * sin2(alpha[i] * x[i]);
+        y[i] = snake(x[i], alpha[i], inv_beta[i]);
     }
 }
 
@@ -149,7 +158,7 @@ mod tests {
             let mut y = vec![0.0; n];
             row(x, &alpha, &inv_beta, &mut y);
             for i in 0..n {
-                let want = x[i] + inv_beta[i] * sin2(alpha[i] * x[i]);
+                let want = snake(x[i], alpha[i], inv_beta[i]);
                 assert!(
                     y[i].to_bits() == want.to_bits() || (y[i].is_nan() && want.is_nan()),
                     "{i}: {} vs {want}",

@@ -330,6 +330,49 @@ fn the_bf16_kernels_agree() {
     }
 }
 
+/// A conv to one output column (the decoder's post-conv: 96 channels, 7 taps, to the waveform)
+/// is each row's dot product: within f32 rounding of the f64 sum, plus the bias, the same bits on
+/// 1 and 2 threads and for the first rows alone; dilated, the same to the reference.
+#[test]
+fn conv_gemm_to_one_column_is_each_row_s_dot_product() {
+    for (c_in, taps, dilation, t_out) in [(96, 7, 1, 300), (32, 3, 1, 5), (64, 7, 3, 40)] {
+        let w = values(taps * c_in, 1);
+        let rows = t_out + (taps - 1) * dilation;
+        let x = values(rows * c_in, 2);
+        let bias = [0.25f32];
+        let shape = (c_in, taps, dilation, 1);
+        let got = conv_gemm_then(&w, &x, shape, None, 1, Some(&bias), None);
+        assert_eq!(got.len(), t_out);
+        for (t, &g) in got.iter().enumerate() {
+            let (mut want, mut scale) = (0f64, 0f64);
+            for j in 0..taps {
+                for c in 0..c_in {
+                    let p = w[j * c_in + c] as f64 * x[(t + j * dilation) * c_in + c] as f64;
+                    (want, scale) = (want + p, scale + p.abs());
+                }
+            }
+            let want = want + 0.25;
+            assert!(
+                (g as f64 - want).abs() <= 1e-6 * (scale + 1.0),
+                "{shape:?} row {t}: {g} vs {want}"
+            );
+        }
+        let two = conv_gemm_then(&w, &x, shape, None, 2, Some(&bias), None);
+        assert_eq!(two, got, "{shape:?}: 2 threads");
+        let head = t_out / 2 + 1;
+        let first = conv_gemm_then(
+            &w,
+            &x[..(head + (taps - 1) * dilation) * c_in],
+            shape,
+            None,
+            1,
+            Some(&bias),
+            None,
+        );
+        assert_eq!(first, got[..head], "{shape:?}: the first {head} rows alone");
+    }
+}
+
 #[test]
 fn conv_gemm_adds_bias_then_residual_as_separate_adds_would() {
     // f32 products everywhere, and bf16 tiles where AMX is: (c_in, taps, dilation, n, t_out,

@@ -195,6 +195,21 @@ unsafe extern "C" fn conv_gemm_trampoline(
         if r0 == r1 {
             return;
         }
+        if c_out == 1 && dilation == 1 {
+            // One output column (the DAC's post-conv: 96 channels to the waveform): output row
+            // `t` is the dot product of the `taps · c_in` consecutive input values from row `t`
+            // with the kernel's column, in `dot::Kernel`'s fixed order, which does not depend on
+            // the rows or threads either. sgemm packs more than it multiplies for one column.
+            let k = taps * c_in;
+            let dot = crate::kernels::dot::Kernel::active();
+            let wv = std::slice::from_raw_parts((*w).data as *const f32, k);
+            let x = (*x).data as *const f32;
+            for t in r0..r1 {
+                *y.add(t) = dot.dot(std::slice::from_raw_parts(x.add(t * c_in), k), wv);
+            }
+            epilogue.apply(y, c_out, r0..r1, 0..c_out);
+            return;
+        }
         let xs = ((*x).data as *const f32).add(r0 * c_in);
         let ws = (*w).data as *const f32;
         let ys = y.add(r0 * c_out);

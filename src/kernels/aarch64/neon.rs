@@ -16,9 +16,7 @@ use std::arch::aarch64::*;
 
 use crate::kernels::dot::LANES;
 use crate::kernels::quant::{k_quants, q8_0, GROUP};
-use crate::kernels::snake::{
-    sin2, C1, C2, C3, PIO2_1, PIO2_2, PIO2_3, REDUCED, S1, S2, S3, TWO_OVER_PI,
-};
+use crate::kernels::snake::{snake, PIO2_1, PIO2_2, PIO2_3, REDUCED, S1, S2, S3, TWO_OVER_PI};
 
 /// The 64 lanes of [`crate::kernels::dot`]'s order, sixteen registers of 4.
 ///
@@ -42,9 +40,9 @@ pub unsafe fn dot_lanes(a: &[f32], b: &[f32], lanes: &mut [f32; LANES]) {
     }
 }
 
-/// The first multiple-of-4 part of a SnakeBeta row, the scalar [`sin2`]'s operations in its
-/// order (no fused multiply-add); returns how many elements it did. Vectors with a lane beyond
-/// [`REDUCED`] (or NaN) are done with the scalar [`sin2`].
+/// The first multiple-of-4 part of a SnakeBeta row, the scalar [`snake`]'s operations in its
+/// order (the same fused multiply-adds); returns how many elements it did. Vectors with a lane beyond
+/// [`REDUCED`] (or NaN) are done with the scalar [`snake`].
 ///
 /// # Safety
 /// The CPU has NEON; the slices have equal lengths.
@@ -66,28 +64,24 @@ pub unsafe fn snake_row(x: &[f32], alpha: &[f32], inv_beta: &[f32], y: &mut [f32
         let in_range = vcleq_f32(vabsq_f32(t), vdupq_n_f32(REDUCED));
         if vminvq_u32(in_range) == 0 {
             for k in i..i + 4 {
-                y[k] = x[k] + inv_beta[k] * sin2(alpha[k] * x[k]);
+                y[k] = snake(x[k], alpha[k], inv_beta[k]);
             }
             i += 4;
             continue;
         }
         let j = vrndnq_f32(vmulq_f32(t, vdupq_n_f32(TWO_OVER_PI)));
-        let r = vsubq_f32(t, vmulq_f32(j, vdupq_n_f32(PIO2_1)));
-        let r = vsubq_f32(r, vmulq_f32(j, vdupq_n_f32(PIO2_2)));
-        let r = vsubq_f32(r, vmulq_f32(j, vdupq_n_f32(PIO2_3)));
+        // The same operations as the scalar `sin2`, fused where it fuses (`vfmsq`: a − b·c).
+        let r = vfmsq_f32(t, j, vdupq_n_f32(PIO2_1));
+        let r = vfmsq_f32(r, j, vdupq_n_f32(PIO2_2));
+        let r = vfmsq_f32(r, j, vdupq_n_f32(PIO2_3));
         let z = vmulq_f32(r, r);
-        let ps = vaddq_f32(vdupq_n_f32(S2), vmulq_f32(z, vdupq_n_f32(S3)));
-        let ps = vaddq_f32(vdupq_n_f32(S1), vmulq_f32(z, ps));
-        let s = vaddq_f32(r, vmulq_f32(vmulq_f32(r, z), ps));
-        let pc = vaddq_f32(vdupq_n_f32(C2), vmulq_f32(z, vdupq_n_f32(C3)));
-        let pc = vaddq_f32(vdupq_n_f32(C1), vmulq_f32(z, pc));
-        let c = vaddq_f32(
-            vsubq_f32(vdupq_n_f32(1.0), vmulq_f32(vdupq_n_f32(0.5), z)),
-            vmulq_f32(vmulq_f32(z, z), pc),
-        );
+        let p = vfmaq_f32(vdupq_n_f32(S2), z, vdupq_n_f32(S3));
+        let p = vfmaq_f32(vdupq_n_f32(S1), z, p);
+        let s = vfmaq_f32(r, vmulq_f32(r, z), p);
+        let s2 = vmulq_f32(s, s);
         let odd = vtstq_s32(vcvtq_s32_f32(j), vdupq_n_s32(1));
-        let v = vbslq_f32(odd, c, s);
-        let out = vaddq_f32(xv, vmulq_f32(bv, vmulq_f32(v, v)));
+        let v = vbslq_f32(odd, vsubq_f32(vdupq_n_f32(1.0), s2), s2);
+        let out = vfmaq_f32(xv, bv, v);
         // SAFETY: as for the loads.
         unsafe { vst1q_f32(y.as_mut_ptr().add(i), out) };
         i += 4;

@@ -16,7 +16,7 @@
 
 use std::arch::asm;
 
-use crate::kernels::bf16::{block_rows, Conv, BLOCK, LINE, TILE_K, TILE_M, TILE_N};
+use crate::kernels::bf16::{block, block_rows, Conv, BLOCK, LINE, TILE_K, TILE_M, TILE_N};
 
 /// Output blocks `b0..b1` of [`crate::kernels::bf16::conv`], from the bf16 input rows `xb`
 /// (starting at input row `r0`).
@@ -43,7 +43,6 @@ pub unsafe fn conv_blocks(
     debug_assert!((xb.as_ptr() as usize).is_multiple_of(LINE));
     let mrows = block_rows(t_out);
     let pair = mrows == BLOCK;
-    let row_blocks = t_out.div_ceil(mrows);
     let ksteps = taps * c_in / TILE_K;
     let tile_bytes = TILE_K * TILE_N * 2;
     // SAFETY: the caller's contract; every tile read below stays inside `xb` (its rows) or `w`,
@@ -60,8 +59,9 @@ pub unsafe fn conv_blocks(
         let mut part = [0f32; BLOCK * BLOCK];
         let a_stride = c_in * 2;
         for b in b0..b1 {
-            let (nb, mb) = (b / row_blocks, b % row_blocks);
-            let (t0, o0) = (mb * mrows, nb * BLOCK);
+            let (nb, rows) = block(s, b);
+            let (t0, o0) = (rows.start, nb * BLOCK);
+            let mb = t0 / mrows;
             let full = t0 + mrows <= t_out;
             asm!(
                 "tilezero tmm0",

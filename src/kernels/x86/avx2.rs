@@ -14,9 +14,7 @@ use std::arch::x86_64::*;
 
 use crate::kernels::dot::LANES;
 use crate::kernels::quant::{k_quants, q8_0, GROUP};
-use crate::kernels::snake::{
-    sin2, C1, C2, C3, PIO2_1, PIO2_2, PIO2_3, REDUCED, S1, S2, S3, TWO_OVER_PI,
-};
+use crate::kernels::snake::{snake, PIO2_1, PIO2_2, PIO2_3, REDUCED, S1, S2, S3, TWO_OVER_PI};
 
 /// One q8_0 block's 32 products, reduced by the scalar tree: lanes i += i + 16, i + 8, i + 4,
 /// i + 2, i + 1.
@@ -72,7 +70,7 @@ pub unsafe fn dot_lanes(a: &[f32], b: &[f32], lanes: &mut [f32; LANES]) {
 }
 
 /// The first multiple-of-8 part of the row; returns how many elements it did. Vectors with a
-/// lane beyond [`REDUCED`] (or NaN) are done with the scalar [`sin2`].
+/// lane beyond [`REDUCED`] (or NaN) are done with the scalar [`snake`].
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA (`Tier::Avx2`); `alpha`, `inv_beta` and `y` are at least as long as `x`.
@@ -95,7 +93,7 @@ pub unsafe fn snake_row(x: &[f32], alpha: &[f32], inv_beta: &[f32], y: &mut [f32
         let in_range = _mm256_cmp_ps::<_CMP_LE_OQ>(_mm256_and_ps(t, abs_mask), limit);
         if _mm256_movemask_ps(in_range) != 0xff {
             for k in i..i + 8 {
-                y[k] = x[k] + inv_beta[k] * sin2(alpha[k] * x[k]);
+                y[k] = snake(x[k], alpha[k], inv_beta[k]);
             }
             i += 8;
             continue;
@@ -103,24 +101,18 @@ pub unsafe fn snake_row(x: &[f32], alpha: &[f32], inv_beta: &[f32], y: &mut [f32
         let j = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_ps(t, _mm256_set1_ps(TWO_OVER_PI)),
         );
-        // The same operation order as the scalar `sin2` (no fused multiply-add here, so the
-        // two paths agree).
-        let r = _mm256_sub_ps(t, _mm256_mul_ps(j, _mm256_set1_ps(PIO2_1)));
-        let r = _mm256_sub_ps(r, _mm256_mul_ps(j, _mm256_set1_ps(PIO2_2)));
-        let r = _mm256_sub_ps(r, _mm256_mul_ps(j, _mm256_set1_ps(PIO2_3)));
+        // The same operations as the scalar `sin2`, fused where it fuses.
+        let r = _mm256_fnmadd_ps(j, _mm256_set1_ps(PIO2_1), t);
+        let r = _mm256_fnmadd_ps(j, _mm256_set1_ps(PIO2_2), r);
+        let r = _mm256_fnmadd_ps(j, _mm256_set1_ps(PIO2_3), r);
         let z = _mm256_mul_ps(r, r);
-        let ps = _mm256_add_ps(_mm256_set1_ps(S2), _mm256_mul_ps(z, _mm256_set1_ps(S3)));
-        let ps = _mm256_add_ps(_mm256_set1_ps(S1), _mm256_mul_ps(z, ps));
-        let s = _mm256_add_ps(r, _mm256_mul_ps(_mm256_mul_ps(r, z), ps));
-        let pc = _mm256_add_ps(_mm256_set1_ps(C2), _mm256_mul_ps(z, _mm256_set1_ps(C3)));
-        let pc = _mm256_add_ps(_mm256_set1_ps(C1), _mm256_mul_ps(z, pc));
-        let c = _mm256_add_ps(
-            _mm256_sub_ps(_mm256_set1_ps(1.0), _mm256_mul_ps(_mm256_set1_ps(0.5), z)),
-            _mm256_mul_ps(_mm256_mul_ps(z, z), pc),
-        );
+        let p = _mm256_fmadd_ps(z, _mm256_set1_ps(S3), _mm256_set1_ps(S2));
+        let p = _mm256_fmadd_ps(z, p, _mm256_set1_ps(S1));
+        let s = _mm256_fmadd_ps(_mm256_mul_ps(r, z), p, r);
+        let s2 = _mm256_mul_ps(s, s);
         let odd = _mm256_castsi256_ps(_mm256_slli_epi32::<31>(_mm256_cvtps_epi32(j)));
-        let v = _mm256_blendv_ps(s, c, odd);
-        let out = _mm256_add_ps(xv, _mm256_mul_ps(bv, _mm256_mul_ps(v, v)));
+        let v = _mm256_blendv_ps(s2, _mm256_sub_ps(_mm256_set1_ps(1.0), s2), odd);
+        let out = _mm256_fmadd_ps(bv, v, xv);
         // SAFETY: as for the loads.
         unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(i), out) };
         i += 8;

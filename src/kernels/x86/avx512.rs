@@ -6,9 +6,7 @@ use std::arch::x86_64::*;
 
 use crate::kernels::attend::{q8_scale, softmax_rows, MAX_GROUP, Q8_0_BLOCK};
 use crate::kernels::dot::LANES;
-use crate::kernels::snake::{
-    sin2, C1, C2, C3, PIO2_1, PIO2_2, PIO2_3, REDUCED, S1, S2, S3, TWO_OVER_PI,
-};
+use crate::kernels::snake::{snake, PIO2_1, PIO2_2, PIO2_3, REDUCED, S1, S2, S3, TWO_OVER_PI};
 
 /// The 64 lanes of [`crate::kernels::dot`]'s order, four registers of 16.
 ///
@@ -55,7 +53,7 @@ pub unsafe fn snake_row(x: &[f32], alpha: &[f32], inv_beta: &[f32], y: &mut [f32
         let t = _mm512_mul_ps(av, xv);
         if _mm512_cmp_ps_mask::<_CMP_LE_OQ>(_mm512_abs_ps(t), limit) != 0xffff {
             for k in i..i + 16 {
-                y[k] = x[k] + inv_beta[k] * sin2(alpha[k] * x[k]);
+                y[k] = snake(x[k], alpha[k], inv_beta[k]);
             }
             i += 16;
             continue;
@@ -63,23 +61,18 @@ pub unsafe fn snake_row(x: &[f32], alpha: &[f32], inv_beta: &[f32], y: &mut [f32
         let j = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(t, _mm512_set1_ps(TWO_OVER_PI)),
         );
-        // The same operation order as the scalar `sin2`, no fused multiply-add.
-        let r = _mm512_sub_ps(t, _mm512_mul_ps(j, _mm512_set1_ps(PIO2_1)));
-        let r = _mm512_sub_ps(r, _mm512_mul_ps(j, _mm512_set1_ps(PIO2_2)));
-        let r = _mm512_sub_ps(r, _mm512_mul_ps(j, _mm512_set1_ps(PIO2_3)));
+        // The same operations as the scalar `sin2`, fused where it fuses.
+        let r = _mm512_fnmadd_ps(j, _mm512_set1_ps(PIO2_1), t);
+        let r = _mm512_fnmadd_ps(j, _mm512_set1_ps(PIO2_2), r);
+        let r = _mm512_fnmadd_ps(j, _mm512_set1_ps(PIO2_3), r);
         let z = _mm512_mul_ps(r, r);
-        let ps = _mm512_add_ps(_mm512_set1_ps(S2), _mm512_mul_ps(z, _mm512_set1_ps(S3)));
-        let ps = _mm512_add_ps(_mm512_set1_ps(S1), _mm512_mul_ps(z, ps));
-        let s = _mm512_add_ps(r, _mm512_mul_ps(_mm512_mul_ps(r, z), ps));
-        let pc = _mm512_add_ps(_mm512_set1_ps(C2), _mm512_mul_ps(z, _mm512_set1_ps(C3)));
-        let pc = _mm512_add_ps(_mm512_set1_ps(C1), _mm512_mul_ps(z, pc));
-        let c = _mm512_add_ps(
-            _mm512_sub_ps(_mm512_set1_ps(1.0), _mm512_mul_ps(_mm512_set1_ps(0.5), z)),
-            _mm512_mul_ps(_mm512_mul_ps(z, z), pc),
-        );
+        let p = _mm512_fmadd_ps(z, _mm512_set1_ps(S3), _mm512_set1_ps(S2));
+        let p = _mm512_fmadd_ps(z, p, _mm512_set1_ps(S1));
+        let s = _mm512_fmadd_ps(_mm512_mul_ps(r, z), p, r);
+        let s2 = _mm512_mul_ps(s, s);
         let odd = _mm512_test_epi32_mask(_mm512_cvtps_epi32(j), _mm512_set1_epi32(1));
-        let v = _mm512_mask_blend_ps(odd, s, c);
-        let out = _mm512_add_ps(xv, _mm512_mul_ps(bv, _mm512_mul_ps(v, v)));
+        let v = _mm512_mask_sub_ps(s2, odd, _mm512_set1_ps(1.0), s2);
+        let out = _mm512_fmadd_ps(bv, v, xv);
         // SAFETY: as for the loads.
         unsafe { _mm512_storeu_ps(y.as_mut_ptr().add(i), out) };
         i += 16;

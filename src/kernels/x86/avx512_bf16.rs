@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::bf16::{block_rows, Conv, BLOCK, TILE_K, TILE_N};
+use crate::kernels::bf16::{block, block_rows, Conv, BLOCK, TILE_K, TILE_N};
 
 /// Output rows computed together: 16 accumulators and the two weight vectors stay in registers,
 /// and a block's 16 or 32 rows split evenly.
@@ -33,10 +33,9 @@ pub unsafe fn conv_blocks(
     mut then: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>),
 ) {
     let mrows = block_rows(s.t_out);
-    let row_blocks = s.t_out.div_ceil(mrows);
     for b in b0..b1 {
-        let (nb, mb) = (b / row_blocks, b % row_blocks);
-        let (t0, o0) = (mb * mrows, nb * BLOCK);
+        let (nb, part) = block(s, b);
+        let (t0, o0) = (part.start, nb * BLOCK);
         for c in (t0..t0 + mrows).step_by(ROWS) {
             if c >= s.t_out {
                 break;
