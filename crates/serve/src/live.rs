@@ -28,7 +28,7 @@
 //! `start`: when each sentence starts speaking: `"paced"` (the default: at its first word when
 //! the text comes at least as fast as speech takes it, else once enough of it is there that
 //! playback will not wait for the rest), `"first_word"`, `"text_end"` (once the sentence is
-//! complete), or a number of tokens ([`qtts::engine::FeedStart`]).
+//! complete), or a number of tokens, at least 1 ([`qtts::engine::FeedStart`]).
 //!
 //! The first message, whatever it is, is answered by `session` (the defaults where the client sent
 //! none); `session` after another message is an error. Bounds:
@@ -100,7 +100,11 @@ enum StartArg {
 impl StartArg {
     fn policy(self) -> Result<FeedStart, Fail> {
         match self {
-            StartArg::Tokens(n) => Ok(FeedStart::Tokens(n.max(1))),
+            StartArg::Tokens(0) => Err(Fail::client(
+                "invalid_request",
+                "session.start: expected a number of tokens of at least 1, found 0",
+            )),
+            StartArg::Tokens(n) => Ok(FeedStart::Tokens(n)),
             StartArg::Named(name) => FeedStart::by_name(&name).ok_or_else(|| {
                 let names: Vec<&str> = FeedStart::NAMED.iter().map(|(n, _)| *n).collect();
                 Fail::client(

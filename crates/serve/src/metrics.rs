@@ -94,6 +94,10 @@ pub struct ServerMetrics {
     /// Chunks that reached the front end after the audio sent before them had played out (a
     /// real-time listener would have heard a gap): the server's underruns.
     pub late_chunks: Counter,
+    /// Per request (per slot while it runs), the most its chunks came after the audio before
+    /// them had played out, seconds (0 when none did): the player buffer its listener needed,
+    /// counted from the first chunk's arrival.
+    pub lateness: Histogram,
     /// Engine stage latencies.
     pub stages: Family<Stage, Histogram>,
     /// The talker's steps by batch size (`streams`: requests in the step), as the requests saw
@@ -142,6 +146,7 @@ impl ServerMetrics {
             frames: Counter::default(),
             non_finite: Counter::default(),
             late_chunks: Counter::default(),
+            lateness: Histogram::new([0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0]),
             stages: Family::new_with_constructor(stage_histogram),
             batch_steps: Family::default(),
             batch_step_seconds: Family::default(),
@@ -220,6 +225,12 @@ impl ServerMetrics {
             "late_chunks",
             "Chunks that came after the audio before them had played out in real time",
             m.late_chunks.clone(),
+        );
+        r.register(
+            "request_lateness_seconds",
+            "Per request, the most a chunk came after the audio before it had played out in \
+             real time (the player buffer its listener needed; 0: none late)",
+            m.lateness.clone(),
         );
         r.register(
             "stage_seconds",

@@ -468,6 +468,8 @@ fn pump(
     let mut started: Option<Instant> = None;
     let mut first_audio: Option<Instant> = None;
     let mut samples = 0usize;
+    // The most a chunk came after the audio before it had played out, seconds.
+    let mut lateness = 0f64;
     let mut reason: Option<&'static str> = None;
     let max_samples = limits.max_samples();
     let cancel = |job: &Job, why: &'static str, reason: &mut Option<&'static str>| {
@@ -506,8 +508,10 @@ fn pump(
                     }
                     Some(t0) => {
                         // The audio sent so far has played out: a real-time listener hears a gap.
-                        if now.duration_since(t0).as_secs_f64() > samples as f64 / 24_000.0 {
+                        let late = now.duration_since(t0).as_secs_f64() - samples as f64 / 24_000.0;
+                        if late > 0.0 {
                             m.late_chunks.inc();
+                            lateness = lateness.max(late);
                         }
                     }
                 }
@@ -550,6 +554,9 @@ fn pump(
             .inc();
     }
     m.duration.observe(admitted.elapsed().as_secs_f64());
+    if first_audio.is_some() {
+        m.lateness.observe(lateness);
+    }
     if !tx.is_closed() {
         let end = match (reason, result) {
             (Some("audio_limit"), Ok(_)) => Event::OverLimit {

@@ -63,10 +63,36 @@ impl Epilogue {
         // SAFETY: `bias_len` values at `bias` when it is not null.
         let bias = (!self.bias.is_null())
             .then(|| unsafe { std::slice::from_raw_parts(self.bias, self.bias_len) });
+        // The bias of these columns as one run, when they do not wrap around it (a bias as long
+        // as the row, or a block inside one repeat): then each row takes the bias and the
+        // residual in one pass, in the order of two.
+        let run = bias.and_then(|b| {
+            let first = cols.start % b.len();
+            b.get(first..first + cols.len())
+        });
         for t in rows {
             // SAFETY: the caller's contract; `cols` lies within the row.
             let out =
                 unsafe { std::slice::from_raw_parts_mut(y.add(t * n + cols.start), cols.len()) };
+            // SAFETY: the residual's row t, as long as `y`'s, when it is not null.
+            let res = (!self.residual.is_null()).then(|| unsafe {
+                std::slice::from_raw_parts(self.residual.add(t * n + cols.start), out.len())
+            });
+            match (run, res) {
+                (Some(b), Some(r)) => {
+                    for ((o, b), r) in out.iter_mut().zip(b).zip(r) {
+                        *o = (*o + b) + r;
+                    }
+                    continue;
+                }
+                (Some(b), None) => {
+                    for (o, b) in out.iter_mut().zip(b) {
+                        *o += b;
+                    }
+                    continue;
+                }
+                _ => {}
+            }
             if let Some(bias) = bias {
                 // Runs of columns that do not wrap around the bias.
                 let (mut c, mut done) = (cols.start, 0);
@@ -79,11 +105,7 @@ impl Epilogue {
                     (c, done) = (c + run, done + run);
                 }
             }
-            if !self.residual.is_null() {
-                // SAFETY: the residual's row t, as long as `y`'s.
-                let res = unsafe {
-                    std::slice::from_raw_parts(self.residual.add(t * n + cols.start), out.len())
-                };
+            if let Some(res) = res {
                 for (o, v) in out.iter_mut().zip(res) {
                     *o += v;
                 }

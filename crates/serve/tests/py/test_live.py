@@ -185,6 +185,7 @@ def test_cancel_stops_the_sentence_and_the_session_goes_on(server):
     ({"type": "text"}, "invalid_request"),
     ({"type": "text", "text": "hi", "extra": 1}, "invalid_request"),
     ({"type": "session", "start": "soon"}, "invalid_request"),
+    ({"type": "session", "start": 0}, "invalid_request"),
 ])
 def test_a_bad_message_is_an_error_then_close(server, first, code):
     async def go():

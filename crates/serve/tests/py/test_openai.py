@@ -258,9 +258,25 @@ def test_health_routes_and_metrics(server):
     text = server.get("/metrics")
     for name in ("qtts_requests_total", "qtts_requests_in_flight", "qtts_stage_seconds_bucket",
                  "qtts_time_to_first_audio_seconds_bucket", "qtts_late_chunks_total",
-                 "qtts_model_info"):
+                 "qtts_request_lateness_seconds_bucket", "qtts_model_info"):
         assert name in text, name
     assert text.rstrip().endswith("# EOF")
+
+
+def test_each_request_records_its_lateness_once(server):
+    # One observation per request that made audio: the most its chunks came after the audio
+    # before them had played out (the buffer a real-time listener needed), within its duration.
+    count = server.metric("qtts_request_lateness_seconds_count")
+    late = server.metric("qtts_request_lateness_seconds_sum")
+    spent = server.metric("qtts_request_duration_seconds_sum")
+    for _ in range(2):
+        r = httpx.post(server.base + "/v1/audio/speech", json={
+            "input": "Two sentences. Each one.", "voice": "vivian", "response_format": "pcm",
+            **EXTRA})
+        assert r.status_code == 200 and len(r.content) > 0
+    assert server.metric("qtts_request_lateness_seconds_count") == count + 2
+    added = server.metric("qtts_request_lateness_seconds_sum") - late
+    assert 0 <= added <= server.metric("qtts_request_duration_seconds_sum") - spent
 
 
 def wait_running(server, n=1, timeout=10):
