@@ -99,8 +99,8 @@ enum Weights {
 pub use super::bf16::Conv;
 
 /// Output blocks of a product of `t_out` rows and `n` columns, the unit [`conv`] shares out: the
-/// bf16 kernels' grid (up to 32 rows, 16 for products of at most 16 rows, by 32 columns),
-/// column-block-major.
+/// bf16 kernels' grid (up to 32 rows, 16 for products of at most 16 rows, by 32 columns), in
+/// groups of column blocks whose weights fit in L2, each walked row block by row block.
 pub use super::bf16::blocks;
 
 /// Splits `rows` into groups as wide as the first of `widths` (widest first) that fits in the
