@@ -127,7 +127,7 @@ unsafe fn with_rows<R>(
     })
 }
 
-/// Output blocks `b0..b1` (of [`blocks`], in [`block`]'s order) of the causal conv of the f32 input
+/// Output blocks `b0..b1` (of [`blocks`], in the grid's order) of the causal conv of the f32 input
 /// rows `x` (`t_out + (taps − 1) · dilation` rows of `c_in`) by the packed kernel `w`, into the
 /// f32 rows `y` (`t_out` of `n`), by `kernel`. After each block is stored, `then(rows, columns)`
 /// is called on its stored part, while it is still in cache (the caller's bias and residual
