@@ -17,6 +17,7 @@ mod batch;
 mod cases;
 mod checkpoint;
 mod code_predictor;
+mod conv_gemm;
 mod convert;
 mod corrupt;
 mod decoder;
