@@ -82,11 +82,12 @@ thread_local! {
 /// plus the taps' span, so `r1` may pass the input's last row.
 pub(crate) fn input_rows(s: Conv, (b0, b1): (usize, usize)) -> (usize, usize) {
     let span = (s.taps - 1) * s.dilation;
+    let mrows = block_rows(s.t_out);
     let (mut r0, mut r1) = (usize::MAX, 0);
     for b in b0..b1 {
         let (_, rows) = block(s, b);
         r0 = r0.min(rows.start);
-        r1 = r1.max(rows.start + block_rows(s.t_out));
+        r1 = r1.max(rows.start + mrows);
     }
     if r0 > r1 {
         return (0, span);

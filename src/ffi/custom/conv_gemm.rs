@@ -63,13 +63,6 @@ impl Epilogue {
         // SAFETY: `bias_len` values at `bias` when it is not null.
         let bias = (!self.bias.is_null())
             .then(|| unsafe { std::slice::from_raw_parts(self.bias, self.bias_len) });
-        // The bias of these columns as one run, when they do not wrap around it (a bias as long
-        // as the row, or a block inside one repeat): then each row takes the bias and the
-        // residual in one pass, in the order of two.
-        let run = bias.and_then(|b| {
-            let first = cols.start % b.len();
-            b.get(first..first + cols.len())
-        });
         for t in rows {
             // SAFETY: the caller's contract; `cols` lies within the row.
             let out =
@@ -78,37 +71,32 @@ impl Epilogue {
             let res = (!self.residual.is_null()).then(|| unsafe {
                 std::slice::from_raw_parts(self.residual.add(t * n + cols.start), out.len())
             });
-            match (run, res) {
-                (Some(b), Some(r)) => {
-                    for ((o, b), r) in out.iter_mut().zip(b).zip(r) {
-                        *o = (*o + b) + r;
-                    }
-                    continue;
-                }
-                (Some(b), None) => {
-                    for (o, b) in out.iter_mut().zip(b) {
-                        *o += b;
-                    }
-                    continue;
-                }
-                _ => {}
-            }
-            if let Some(bias) = bias {
-                // Runs of columns that do not wrap around the bias.
-                let (mut c, mut done) = (cols.start, 0);
-                while done < out.len() {
-                    let b = c % bias.len();
-                    let run = (out.len() - done).min(bias.len() - b);
-                    for (o, v) in out[done..done + run].iter_mut().zip(&bias[b..b + run]) {
-                        *o += v;
-                    }
-                    (c, done) = (c + run, done + run);
-                }
-            }
-            if let Some(res) = res {
-                for (o, v) in out.iter_mut().zip(res) {
+            let Some(bias) = bias else {
+                for (o, v) in out.iter_mut().zip(res.unwrap_or_default()) {
                     *o += v;
                 }
+                continue;
+            };
+            // Runs of columns that do not wrap around the bias, each taking the bias and the
+            // residual in one pass, in the order of two adds.
+            let (mut c, mut done) = (cols.start, 0);
+            while done < out.len() {
+                let b = c % bias.len();
+                let run = (out.len() - done).min(bias.len() - b);
+                let (o, bv) = (&mut out[done..done + run], &bias[b..b + run]);
+                match res {
+                    Some(r) => {
+                        for ((o, b), r) in o.iter_mut().zip(bv).zip(&r[done..done + run]) {
+                            *o = (*o + b) + r;
+                        }
+                    }
+                    None => {
+                        for (o, b) in o.iter_mut().zip(bv) {
+                            *o += b;
+                        }
+                    }
+                }
+                (c, done) = (c + run, done + run);
             }
         }
     }

@@ -41,8 +41,8 @@ pub unsafe fn dot_lanes(a: &[f32], b: &[f32], lanes: &mut [f32; LANES]) {
 }
 
 /// The first multiple-of-4 part of a SnakeBeta row, the scalar [`snake`]'s operations in its
-/// order (the same fused multiply-adds); returns how many elements it did. Vectors with a lane beyond
-/// [`REDUCED`] (or NaN) are done with the scalar [`snake`].
+/// order (the same fused multiply-adds); returns how many elements it did. Vectors with a lane
+/// beyond [`REDUCED`] (or NaN) are done with the scalar [`snake`].
 ///
 /// # Safety
 /// The CPU has NEON; the slices have equal lengths.

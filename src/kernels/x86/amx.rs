@@ -61,7 +61,6 @@ pub unsafe fn conv_blocks(
         for b in b0..b1 {
             let (nb, rows) = block(s, b);
             let (t0, o0) = (rows.start, nb * BLOCK);
-            let mb = t0 / mrows;
             let full = t0 + mrows <= t_out;
             asm!(
                 "tilezero tmm0",
@@ -73,7 +72,7 @@ pub unsafe fn conv_blocks(
             let w0 = w.add(2 * nb * ksteps * tile_bytes / 2);
             let w1 = w0.add(ksteps * tile_bytes / 2);
             for j in 0..taps {
-                let a = xb.as_ptr().add((mb * mrows + j * dilation - r0) * c_in);
+                let a = xb.as_ptr().add((t0 + j * dilation - r0) * c_in);
                 for cb in 0..c_in / TILE_K {
                     let step = j * (c_in / TILE_K) + cb;
                     let a0 = a.add(cb * TILE_K);
@@ -148,7 +147,7 @@ pub unsafe fn conv_blocks(
                     );
                 }
             }
-            then(t0..(t0 + mrows).min(t_out), o0..o0 + BLOCK);
+            then(rows, o0..o0 + BLOCK);
         }
         asm!("tilerelease", options(nostack, nomem));
     }

@@ -45,7 +45,7 @@ pub unsafe fn conv_blocks(
             // `t_out` are stored.
             unsafe { rows(w, xb, r0, y, s, nb, c) };
         }
-        then(t0..(t0 + mrows).min(s.t_out), o0..o0 + BLOCK);
+        then(part, o0..o0 + BLOCK);
     }
 }
 
